@@ -1,0 +1,1 @@
+"""``torchring run``: parse the command line, assign ranks to hosts, start and supervise the workers."""

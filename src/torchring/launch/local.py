@@ -1,0 +1,46 @@
+"""Starting workers on this host, each the leader of its own process group."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_launcher() -> None:
+    """Runs in the child before exec: own session, and SIGKILL if the launcher dies."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def spawn_local(command: Sequence[str], env: Mapping[str, str], cwd: str | None = None) -> subprocess.Popen:
+    """Start ``command`` in a new session (so its whole process group can be signalled), output piped."""
+    try:
+        return subprocess.Popen(
+            list(command),
+            env=dict(env),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=_die_with_launcher,
+        )
+    except FileNotFoundError:
+        raise FileNotFoundError(f"command not found: {command[0]!r}; check the spelling or your PATH") from None
+    except PermissionError:
+        raise PermissionError(f"cannot execute {command[0]!r}: permission denied") from None
+
+
+def signal_group(process: subprocess.Popen, signum: int) -> None:
+    """Send ``signum`` to the process group that ``process`` leads, ignoring a group already gone."""
+    try:
+        os.killpg(process.pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass

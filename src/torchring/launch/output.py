@@ -1,0 +1,40 @@
+"""Relaying worker output to the console, each line prefixed ``[rank]<stdout>:`` as horovodrun does."""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import BinaryIO
+
+_console_lock = threading.Lock()
+
+
+class OutputRelay:
+    """Copies one worker stream to the console line by line; keeps its last lines for error reports."""
+
+    def __init__(self, rank: int, stream_name: str, source: BinaryIO, sink: BinaryIO, keep_lines: int = 20,
+                 show: bool = True) -> None:
+        self.rank = rank
+        self._prefix = f"[{rank}]<{stream_name}>:".encode()
+        self._source = source
+        self._sink = sink
+        self._show = show
+        self.tail: collections.deque[str] = collections.deque(maxlen=keep_lines)
+        self._thread = threading.Thread(target=self._pump, name=f"relay-{rank}-{stream_name}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    def _pump(self) -> None:
+        for line in iter(self._source.readline, b""):
+            if not line.endswith(b"\n"):
+                line += b"\n"
+            self.tail.append(line.decode(errors="replace").rstrip("\n"))
+            if self._show:
+                with _console_lock:
+                    self._sink.write(self._prefix + line)
+                    self._sink.flush()
+        self._source.close()

@@ -1,0 +1,161 @@
+"""Running a job to its end: the first failing rank stops all the others, and nothing is left behind."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from .local import signal_group
+from .output import OutputRelay
+
+
+@dataclass
+class Worker:
+    """A started rank: its process and the relays of its output."""
+
+    rank: int
+    hostname: str
+    process: subprocess.Popen
+    relays: tuple[OutputRelay, OutputRelay]
+
+    @property
+    def stderr_tail(self) -> list[str]:
+        return list(self.relays[1].tail)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why the job ended early."""
+
+    rank: int | None
+    hostname: str
+    pid: int | None
+    returncode: int
+    reason: str
+    #: Other ranks that failed because of this one: (rank, how it ended, what it recorded).
+    consequences: list[tuple[int, str, str]] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return self.returncode if self.returncode > 0 else 128 + (-self.returncode or 1)
+
+
+def describe_returncode(returncode: int) -> str:
+    """``exited with code 3`` or ``was killed by signal 9 (SIGKILL)``."""
+    if returncode >= 0:
+        return f"exited with code {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = "unknown signal"
+    return f"was killed by signal {-returncode} ({name})"
+
+
+class Supervisor:
+    """Watches the workers; ends them all on the first failure or on a signal to the launcher."""
+
+    def __init__(self, grace_period_s: float = 5.0, poll_interval_s: float = 0.05,
+                 peer_failure: Callable[[int], str | None] = lambda rank: None,
+                 settle_period_s: float = 3.0) -> None:
+        self.workers: list[Worker] = []
+        self.grace_period_s = grace_period_s
+        self.poll_interval_s = poll_interval_s
+        self.peer_failure = peer_failure
+        self.settle_period_s = settle_period_s
+        self._stop_signal: int | None = None
+        self._wakeup = threading.Event()
+
+    def add(self, worker: Worker) -> None:
+        """Watch ``worker`` from now on."""
+        self.workers.append(worker)
+
+    def request_stop(self, signum: int) -> None:
+        """Called from a signal handler: stop every worker and end the job."""
+        self._stop_signal = signum
+        self._wakeup.set()
+
+    def wait(self) -> Failure | None:
+        """Block until every worker exited successfully (None) or the job failed (the first failure)."""
+        failure: Failure | None = None
+        try:
+            failure = self._watch()
+        finally:
+            self.terminate_all()
+        for worker in self.workers:
+            for relay in worker.relays:
+                relay.join(timeout=5)
+        return failure
+
+    def _watch(self) -> Failure | None:
+        while True:
+            if self._stop_signal is not None:
+                name = signal.Signals(self._stop_signal).name
+                return Failure(None, "", None, -self._stop_signal, f"the launcher received {name}")
+            failed = self._failed_workers()
+            if failed:
+                return self._root_cause(failed)
+            if all(worker.process.poll() is not None for worker in self.workers):
+                return None
+            self._wakeup.wait(self.poll_interval_s)
+
+    def _failed_workers(self) -> list[Worker]:
+        return [w for w in self.workers if w.process.poll() not in (None, 0)]
+
+    def _root_cause(self, failed: list[Worker]) -> Failure:
+        """The failure that caused the others: a rank whose operations failed because of another rank
+        says so in the store, so wait a moment for the rank it blames to end too."""
+        deadline = time.monotonic() + self.settle_period_s
+        while all(self.peer_failure(w.rank) for w in failed) and time.monotonic() < deadline:
+            if all(w.process.poll() is not None for w in self.workers):
+                break
+            self._wakeup.wait(self.poll_interval_s)
+            failed = self._failed_workers()
+        causes = {w.rank: self.peer_failure(w.rank) for w in failed}
+        root = next((w for w in failed if not causes[w.rank]), failed[0])
+        code = root.process.returncode
+        consequences = [(w.rank, describe_returncode(w.process.returncode), causes[w.rank] or "")
+                        for w in failed if w is not root]
+        return Failure(root.rank, root.hostname, root.process.pid, code, describe_returncode(code), consequences)
+
+    def terminate_all(self) -> None:
+        """SIGTERM every worker's process group, SIGKILL what is left after the grace period."""
+        for worker in self.workers:
+            if worker.process.poll() is None:
+                signal_group(worker.process, signal.SIGTERM)
+        deadline = time.monotonic() + self.grace_period_s
+        for worker in self.workers:
+            try:
+                worker.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for worker in self.workers:  # also reaps children (DataLoader workers) that outlived their rank
+            signal_group(worker.process, signal.SIGKILL)
+            if worker.process.poll() is None:
+                worker.process.wait()
+
+
+def report_failure(failure: Failure, workers: Sequence[Worker], stream=None) -> None:
+    """Print which rank failed, how, and its last stderr lines."""
+    stream = stream or sys.stderr
+    others = len(workers) - 1
+    if failure.rank is None:
+        print(f"torchring run: {failure.reason}; stopped all {len(workers)} ranks.", file=stream)
+        return
+    print(f"torchring run: rank {failure.rank} (pid {failure.pid} on {failure.hostname}) {failure.reason}; "
+          f"stopped the other {others} rank{'s' if others != 1 else ''}.", file=stream)
+    for rank, ended, cause in failure.consequences:
+        print(f"  rank {rank} {ended} as a consequence ({cause or 'no reason recorded'})", file=stream)
+    worker = next(w for w in workers if w.rank == failure.rank)
+    tail = worker.stderr_tail
+    if tail:
+        print(f"Last lines of rank {failure.rank}'s stderr:", file=stream)
+        for line in tail:
+            print(f"    {line}", file=stream)
+    else:
+        print(f"Rank {failure.rank} wrote nothing to stderr.", file=stream)
+    stream.flush()

@@ -1,0 +1,48 @@
+"""The environment each worker starts with: torchring, Horovod and torchrun variables."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from .hosts import SlotAssignment
+
+
+def worker_environment(base: Mapping[str, str], slot: SlotAssignment, store_host: str, store_port: int,
+                       cpus: int | None = None) -> dict[str, str]:
+    """``base`` plus everything rank ``slot.rank`` needs to find its place and the rendezvous store."""
+    env = dict(base)
+    topology = {
+        "RANK": slot.rank,
+        "SIZE": slot.size,
+        "LOCAL_RANK": slot.local_rank,
+        "LOCAL_SIZE": slot.local_size,
+        "CROSS_RANK": slot.cross_rank,
+        "CROSS_SIZE": slot.cross_size,
+    }
+    for key, value in topology.items():
+        env[f"TORCHRING_{key}"] = str(value)
+        env[f"HOROVOD_{key}"] = str(value)
+    env["TORCHRING_HOSTNAME"] = env["HOROVOD_HOSTNAME"] = slot.hostname
+    env["TORCHRING_STORE_ADDR"] = store_host
+    env["TORCHRING_STORE_PORT"] = str(store_port)
+    # torchrun's variables, so that init_process_group(init_method="env://") works unchanged; the
+    # launcher serves the store, as torchrun's agent does.
+    env.update(
+        RANK=str(slot.rank),
+        WORLD_SIZE=str(slot.size),
+        LOCAL_RANK=str(slot.local_rank),
+        LOCAL_WORLD_SIZE=str(slot.local_size),
+        GROUP_RANK=str(slot.host_index),
+        GROUP_WORLD_SIZE=str(slot.num_hosts),
+        ROLE_RANK=str(slot.rank),
+        ROLE_WORLD_SIZE=str(slot.size),
+        MASTER_ADDR=store_host,
+        MASTER_PORT=str(store_port),
+        TORCHELASTIC_USE_AGENT_STORE="True",
+    )
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if "OMP_NUM_THREADS" not in env:
+        available = cpus or os.cpu_count() or 1
+        env["OMP_NUM_THREADS"] = str(max(1, available // max(1, slot.local_size)))
+    return env

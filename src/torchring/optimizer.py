@@ -1,0 +1,224 @@
+"""``DistributedOptimizer``: averages gradients across ranks while backward still runs.
+
+Each parameter gets a hook that fires when its gradient has been accumulated; the hook submits an
+asynchronous in-place allreduce of that gradient, so communication overlaps the rest of backward.
+``step()`` waits for the outstanding allreduces (submitting zeros for parameters that got no gradient
+on this rank, so no rank waits forever) and then runs the wrapped optimizer's step.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from .basics import size
+from .collectives import allreduce_async_, synchronize as wait_handle
+from .compression import Compression, Compressor
+from .reduction import Average, ReduceOp, resolve_op
+
+_Param = torch.nn.Parameter
+
+
+def _validate_named_parameters(named_parameters: Sequence[Any], params: list[torch.Tensor]) -> dict[Any, str]:
+    if any(not isinstance(item, tuple) or len(item) != 2 for item in named_parameters):
+        raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
+                         "usually produced by model.named_parameters().")
+    names = [name for name, _ in named_parameters]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ValueError("Parameter names in named_parameters must be unique. "
+                         f"Found duplicates: {', '.join(map(str, duplicates))}")
+    named_ids = {id(param) for _, param in named_parameters}
+    unnamed = [id(param) for param in params if id(param) not in named_ids]
+    if unnamed:
+        raise ValueError("named_parameters was specified, but one or more model parameters were not named. "
+                         f"Python object ids: {', '.join(map(str, unnamed))}")
+    by_id = {id(param): name for name, param in named_parameters}
+    return {param: str(by_id[id(param)]) for param in params}
+
+
+def _split_groups(groups: int | Sequence[Sequence[torch.Tensor]] | None,
+                  params: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    if groups is None or groups == 0:
+        return []
+    if isinstance(groups, int):
+        if groups < 0:
+            raise ValueError("groups must be a positive number of groups or a list of parameter lists")
+        per_group = -(-len(params) // groups)
+        return [params[i:i + per_group] for i in range(0, len(params), per_group)]
+    known = {id(p) for p in params}
+    result = []
+    for group in groups:
+        members = list(group)
+        if any(id(p) not in known for p in members):
+            raise ValueError("groups contains a tensor that is not a parameter of this optimizer")
+        result.append(members)
+    return result
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    """Mixed in before the wrapped optimizer's class; see ``DistributedOptimizer``."""
+
+    def _setup_distributed(self, named_parameters: Sequence[Any] | None, compression: type[Compressor],
+                           backward_passes_per_step: int, op: ReduceOp, gradient_predivide_factor: float,
+                           groups: Any, sparse_as_dense: bool) -> None:
+        params = [p for group in self.param_groups for p in group["params"]]
+        if named_parameters is not None:
+            self._parameter_names = _validate_named_parameters(list(named_parameters), params)
+        else:
+            self._parameter_names = {
+                p: f"allreduce.noname.{i}.{j}"
+                for i, group in enumerate(self.param_groups) for j, p in enumerate(group["params"])
+            }
+        self._compression = compression
+        self.op = op
+        self.gradient_predivide_factor = gradient_predivide_factor
+        self.sparse_as_dense = sparse_as_dense
+        self.backward_passes_per_step = backward_passes_per_step
+        self._params = [p for p in params if p.requires_grad]
+        self._handles: dict[torch.Tensor, tuple[int | None, Any]] = {}
+        self._allreduce_delay = {p: backward_passes_per_step for p in self._params}
+        self._groups = _split_groups(groups, self._params)
+        self._group_of = {p: index for index, group in enumerate(self._groups) for p in group}
+        self._group_ready: dict[int, list[torch.Tensor]] = {}
+        self._synchronized = False
+        self._should_synchronize = True
+        self._hook_handles = []
+        if size() > 1:
+            self._hook_handles = [p.register_post_accumulate_grad_hook(self._gradient_ready) for p in self._params]
+
+    # ---- hooks ----------------------------------------------------------------------------------
+
+    def _gradient_ready(self, param: torch.Tensor) -> None:
+        if param in self._handles and self._handles[param][0] is not None and self._allreduce_delay[param] <= 0:
+            raise AssertionError("Gradients were computed more than backward_passes_per_step times before call "
+                                 "to step(). Increase backward_passes_per_step to accumulate gradients locally.")
+        self._allreduce_delay[param] -= 1
+        if self._allreduce_delay[param] > 0:
+            return
+        group = self._group_of.get(param)
+        if group is None:
+            self._handles[param] = self._allreduce_gradient(param)
+            return
+        ready = self._group_ready.setdefault(group, [])
+        ready.append(param)
+        self._handles[param] = (None, None)
+        if len(ready) == len(self._groups[group]):
+            self._submit_group(group)
+
+    def _submit_group(self, group: int) -> None:
+        for param in self._groups[group]:
+            self._handles[param] = self._allreduce_gradient(param)
+        self._group_ready.pop(group, None)
+
+    def _allreduce_gradient(self, param: torch.Tensor) -> tuple[int, Any]:
+        if param.grad is None:  # another rank computed it: contribute zeros so nobody waits forever
+            param.grad = torch.zeros_like(param)
+        if param.grad.is_sparse:
+            param.grad = param.grad.to_dense()
+        compressed, ctx = self._compression.compress(param.grad)
+        prescale = postscale = 1.0
+        if self.op is ReduceOp.AVERAGE and self.gradient_predivide_factor != 1.0:
+            prescale, postscale = 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        handle = allreduce_async_(compressed, name=self._parameter_names[param], op=self.op,
+                                  prescale_factor=prescale, postscale_factor=postscale)
+        return handle, (compressed, ctx)
+
+    # ---- public API -----------------------------------------------------------------------------
+
+    def synchronize(self) -> None:
+        """Wait until every gradient has been reduced across ranks (``step()`` calls it for you)."""
+        if size() == 1:
+            self._synchronized = True
+            return
+        for param in self._params:
+            if self._handles.get(param, (None, None))[0] is None:
+                group = self._group_of.get(param)
+                if group is not None and group in self._group_ready:
+                    self._submit_group(group)
+                else:
+                    self._handles[param] = self._allreduce_gradient(param)
+        for param, (handle, (compressed, ctx)) in list(self._handles.items()):
+            output = self._compression.decompress(wait_handle(handle), ctx)
+            if output is not param.grad:
+                param.grad.copy_(output)
+            self._allreduce_delay[param] = self.backward_passes_per_step
+        self._handles.clear()
+        self._synchronized = True
+
+    @contextmanager
+    def skip_synchronize(self):
+        """Inside this block ``step()`` does not synchronize (use after an explicit ``synchronize()``)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Change how many backward passes accumulate locally before gradients are reduced."""
+        if passes < 1:
+            raise ValueError("backward_passes_per_step must be at least 1")
+        self.backward_passes_per_step = passes
+        for param in self._allreduce_delay:
+            self._allreduce_delay[param] = passes
+
+    def step(self, closure: Any = None) -> Any:
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
+                              "optimizer.synchronize(). This can cause training slowdown. You may want to "
+                              "consider using optimizer.skip_synchronize() context if you use "
+                              "optimizer.synchronize() in your code.", stacklevel=2)
+            self.synchronize()
+        self._synchronized = False
+        return super().step(closure)
+
+    def _local_step(self, closure: Any = None) -> Any:
+        """The wrapped optimizer's step, without reducing gradients."""
+        return super().step(closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._handles:
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
+                                 "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
+                                 "cause a race condition.")
+        return super().zero_grad(set_to_none=set_to_none)
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer,
+                         named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+                         compression: type[Compressor] = Compression.none,
+                         backward_passes_per_step: int = 1,
+                         op: int = Average,
+                         gradient_predivide_factor: float = 1.0,
+                         num_groups: int = 0,
+                         groups: int | Sequence[Sequence[torch.Tensor]] | None = None,
+                         sparse_as_dense: bool = False) -> torch.optim.Optimizer:
+    """Wrap ``optimizer`` so that ``step()`` uses gradients averaged (``op``) over all ranks.
+
+    The result is an instance of a subclass of the optimizer's own class, sharing its parameter groups
+    and state. ``named_parameters`` (``model.named_parameters()``) names the gradients in logs and
+    timelines; ``backward_passes_per_step`` accumulates locally before reducing; ``groups`` reduces
+    the listed parameters together; ``gradient_predivide_factor`` splits the averaging before and after
+    the sum.
+    """
+    resolved = resolve_op(op, None)
+    if gradient_predivide_factor != 1.0 and resolved is not ReduceOp.AVERAGE:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if backward_passes_per_step < 1:
+        raise ValueError("backward_passes_per_step must be at least 1")
+    if num_groups and groups is None:
+        groups = num_groups
+    cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
+    wrapped = cls.__new__(cls)
+    wrapped.__dict__.update(optimizer.__dict__)
+    if hasattr(wrapped, "_patch_step_function"):
+        wrapped._patch_step_function()
+    wrapped._setup_distributed(named_parameters, compression, backward_passes_per_step, resolved,
+                               gradient_predivide_factor, groups, sparse_as_dense)
+    return wrapped

@@ -1,0 +1,1 @@
+"""The runtime engine under the public API: process groups, negotiation, execution."""

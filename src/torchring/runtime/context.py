@@ -1,0 +1,173 @@
+"""``init``/``shutdown``: the process groups, the engine and the topology of one initialisation."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from .. import config
+from ..environments import ClusterEnvironment, Rendezvous, TorchringLauncherEnvironment, detect_environment
+from ..exceptions import NOT_INITIALIZED_MESSAGE
+from ..store_keys import peer_failure_key
+from .control import ControlChannel
+from .engine import Engine, EngineSettings
+from .executor import DataGroups, Executor
+from .topology import Topology, exchange_topology
+from .wakeup import LocalWaker, StoreWaker, Waker
+
+logger = logging.getLogger("torchring")
+
+
+@dataclass
+class Runtime:
+    """Everything one ``init()`` created; dropped by ``shutdown()``."""
+
+    environment: ClusterEnvironment
+    topology: Topology
+    store: dist.Store
+    control_group: dist.ProcessGroup | None
+    data_groups: DataGroups
+    engine: Engine
+    generation: int
+
+
+_lock = threading.RLock()
+_runtime: Runtime | None = None
+_generation = 0
+_served_stores: dict[tuple[str, int], dist.Store] = {}
+_atexit_registered = False
+
+
+def start_timeout() -> timedelta:
+    """How long rendezvous waits for every rank (``TORCHRING_START_TIMEOUT``, default 300 s)."""
+    return timedelta(seconds=config.float_setting("START_TIMEOUT", 300.0))
+
+
+def collective_timeout() -> timedelta:
+    """How long one collective may wait for a peer (``HOROVOD_GLOO_TIMEOUT_SECONDS``, default 30 s)."""
+    return timedelta(seconds=config.float_setting("GLOO_TIMEOUT_SECONDS", 30.0))
+
+
+def _open_store(rendezvous: Rendezvous) -> dist.Store:
+    if rendezvous.host is None:
+        return dist.HashStore()
+    assert rendezvous.port is not None
+    if rendezvous.serve_store:
+        key = (rendezvous.host, rendezvous.port)
+        if key not in _served_stores:  # kept for the process: a re-init must not rebind the port
+            _served_stores[key] = dist.TCPStore(
+                rendezvous.host, rendezvous.port, is_master=True, timeout=start_timeout(), wait_for_workers=False
+            )
+        return _served_stores[key]
+    try:
+        return dist.TCPStore(
+            rendezvous.host, rendezvous.port, is_master=False, timeout=start_timeout(), wait_for_workers=False
+        )
+    except Exception as error:
+        raise RuntimeError(
+            f"torchring could not reach the rendezvous store at {rendezvous.host}:{rendezvous.port}: {error}. "
+            "Check that the launcher (or rank 0) is running and that this address is reachable."
+        ) from error
+
+
+def _engine_settings() -> EngineSettings:
+    return EngineSettings(
+        cycle_time_s=config.float_setting("CYCLE_TIME", 1.0) / 1000.0,
+        stall_check_enabled=not config.bool_setting("STALL_CHECK_DISABLE", False),
+        stall_warning_s=config.float_setting("STALL_CHECK_TIME_SECONDS", 60.0),
+    )
+
+
+def _cuda_group(store: dist.Store, rank: int, size: int) -> dist.ProcessGroup | None:
+    if not (torch.cuda.is_available() and dist.is_nccl_available()):
+        return None
+    options = dist.ProcessGroupNCCL.Options()
+    options._timeout = collective_timeout()
+    return dist.ProcessGroupNCCL(store, rank, size, options)
+
+
+def _peer_failure_reporter(environment: ClusterEnvironment, store: dist.Store,
+                           rank: int) -> Callable[[str], None] | None:
+    """Under ``torchring run``, a way to tell the launcher that this rank fails because of another."""
+    if not isinstance(environment, TorchringLauncherEnvironment):
+        return None
+    return lambda reason: store.set(peer_failure_key(rank), reason)
+
+
+def init() -> None:
+    """Join the job: discover ranks, rendezvous, create the process groups and start the engine.
+
+    Calling it again while initialised does nothing; after ``shutdown()`` it starts a fresh rendezvous.
+    """
+    global _runtime, _generation, _atexit_registered
+    with _lock:
+        if _runtime is not None:
+            return
+        environment = detect_environment()
+        info = environment.rank_info()
+        if not 0 <= info.rank < info.size:
+            raise ValueError(f"rank {info.rank} is outside a job of size {info.size} ({environment.name})")
+        rendezvous = environment.rendezvous()
+        store = _open_store(rendezvous)
+        _generation += 1
+        prefix = f"torchring/{_generation}"
+        timeout = collective_timeout()
+        control_group = data_group = None
+        if info.size > 1:
+            control_group = dist.ProcessGroupGloo(dist.PrefixStore(f"{prefix}/control", store), info.rank,
+                                                  info.size, timeout)
+            data_group = dist.ProcessGroupGloo(dist.PrefixStore(f"{prefix}/data", store), info.rank,
+                                               info.size, timeout)
+        data_groups = DataGroups(
+            cpu=data_group, cuda=_cuda_group(dist.PrefixStore(f"{prefix}/nccl", store), info.rank, info.size)
+        )
+        control = ControlChannel(control_group, info.rank, info.size)
+        topology = exchange_topology(info, control)
+        waker: Waker = LocalWaker()
+        if info.size > 1:
+            assert rendezvous.host is not None and rendezvous.port is not None
+            waker = StoreWaker(rendezvous.host, rendezvous.port, f"{prefix}/wake/", start_timeout())
+        engine = Engine(info.rank, info.size, control, Executor(data_groups, info.rank, info.size), waker,
+                        _engine_settings(), _peer_failure_reporter(environment, store, info.rank))
+        engine.start()
+        _runtime = Runtime(environment, topology, store, control_group, data_groups, engine, _generation)
+        if not _atexit_registered:
+            atexit.register(shutdown)
+            _atexit_registered = True
+        logger.debug("torchring initialised: %s via %s", topology, environment.name)
+
+
+def shutdown() -> None:
+    """Stop the engine on every rank and release the process groups. Safe to call more than once."""
+    global _runtime
+    with _lock:
+        runtime, _runtime = _runtime, None
+    if runtime is None:
+        return
+    runtime.engine.shutdown(timeout=collective_timeout().total_seconds() + 5)
+    for group in (runtime.control_group, runtime.data_groups.cpu, runtime.data_groups.cuda):
+        if group is not None and hasattr(group, "shutdown"):
+            try:
+                group.shutdown()
+            except Exception:  # noqa: BLE001 - a group whose peer is gone may refuse a clean shutdown
+                pass
+
+
+def is_initialized() -> bool:
+    """True between ``init()`` and ``shutdown()``."""
+    return _runtime is not None
+
+
+def current() -> Runtime:
+    """The active runtime; ``ValueError`` (as Horovod raises) before ``init()``."""
+    runtime = _runtime
+    if runtime is None:
+        raise ValueError(NOT_INITIALIZED_MESSAGE)
+    return runtime

@@ -1,0 +1,282 @@
+"""The background engine of one rank: queue → negotiate → execute → complete.
+
+Each cycle, every rank's engine contributes the requests submitted since its last cycle to a
+collective exchange on the control group. All ranks then hold the same table of pending requests
+(see ``negotiation``), release the same ready responses in the same order and run them on the data
+groups. Ranks may therefore submit in different orders; mismatched requests fail on every rank
+with an error naming what each rank sent, and the engine carries on.
+
+When a cycle brings nothing new from any rank the engines go idle together and block (no CPU) until
+some rank submits again or shuts down; that rank wakes the others through the store (``wakeup``).
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..exceptions import HorovodInternalError, TensorMismatchError
+from .control import ControlChannel
+from .executor import Executor
+from .negotiation import Negotiator, PendingEntry, Response
+from .requests import Request, RequestMeta
+from .wakeup import Waker
+
+logger = logging.getLogger("torchring")
+
+
+@dataclass(frozen=True)
+class Announcement:
+    """One rank's contribution to a cycle."""
+
+    metas: tuple[RequestMeta, ...]
+    shutting_down: bool
+    #: The last idle epoch this rank's wake-up listener has finished with (its key may then go).
+    listened_epoch: int = -1
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Timing knobs of the cycle and of the stall inspector."""
+
+    cycle_time_s: float = 0.001
+    stall_check_enabled: bool = True
+    stall_warning_s: float = 60.0
+
+
+class Engine:
+    """Runs collectives for one rank in a background thread."""
+
+    def __init__(
+        self,
+        rank: int,
+        size: int,
+        control: ControlChannel,
+        executor: Executor,
+        waker: Waker,
+        settings: EngineSettings,
+        report_peer_failure: Callable[[str], None] | None = None,
+    ) -> None:
+        self.rank = rank
+        self.size = size
+        self._control = control
+        self._executor = executor
+        self._waker = waker
+        self._settings = settings
+        self._report_peer_failure = report_peer_failure
+        self._negotiator = Negotiator(size)
+        self._cond = threading.Condition()
+        self._queue: list[Request] = []
+        self._inflight: dict[str, Request] = {}
+        self._shutdown_requested = False
+        self._woken_epoch = -1
+        self._forgotten_epoch = -1
+        self._failure: BaseException | None = None
+        self._stopped_by: list[int] = []
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"torchring-engine-{rank}", daemon=True)
+
+    # ---- called from user threads -------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, request: Request) -> None:
+        """Queue ``request``; raise at once for a duplicate name or a stopped engine."""
+        name = request.meta.name
+        with self._cond:
+            self._raise_if_stopped()
+            if name in self._inflight:
+                raise ValueError(
+                    f"Duplicate tensor name '{name}': an operation with this name is still in progress "
+                    "on this rank. Wait for it (synchronize) or give the new operation another name."
+                )
+            self._inflight[name] = request
+            self._queue.append(request)
+            self._cond.notify()
+
+    def shutdown(self, timeout: float) -> None:
+        """Ask every rank's engine to stop after the current cycle, and wait for ours."""
+        with self._cond:
+            self._shutdown_requested = True
+            self._cond.notify()
+        self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return not self._stopped.is_set()
+
+    def _raise_if_stopped(self) -> None:
+        if self._failure is not None:
+            raise HorovodInternalError(str(self._failure)) from self._failure
+        if self._stopped_by and self.rank not in self._stopped_by:
+            self._note_peer_failure(f"submitted after rank {self._stopped_by} shut down")
+            raise self._shutdown_error(self._stopped_by)
+        if self._stopped.is_set() or self._shutdown_requested:
+            raise HorovodInternalError(
+                "torchring has been shut down; call hvd.init() again before submitting operations."
+            )
+
+    # ---- the engine thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        idle = False
+        epoch = 0
+        try:
+            while True:
+                if idle:
+                    new_requests, shutting_down = self._wait_while_idle(epoch)
+                    epoch += 1
+                else:
+                    new_requests, shutting_down = self._wait_for_cycle()
+                announcement = Announcement(
+                    tuple(r.meta for r in new_requests), shutting_down, self._woken_epoch
+                )
+                announcements = self._exchange(announcement)
+                responses = self._negotiate(announcements)
+                for response in responses:
+                    self._perform(response)
+                stopping_ranks = [r for r, a in enumerate(announcements) if a.shutting_down]
+                if stopping_ranks:
+                    self._stopped_by = stopping_ranks
+                    with self._cond:
+                        operations_lost = bool(self._inflight)
+                    if operations_lost and self.rank not in stopping_ranks:
+                        self._note_peer_failure(f"shut down by rank {stopping_ranks}")
+                    self._fail_all(self._shutdown_error(stopping_ranks))
+                    return
+                idle = not responses and not any(a.metas for a in announcements)
+                if self.rank == 0:
+                    self._forget_finished_epochs(min(a.listened_epoch for a in announcements))
+        except BaseException as error:  # noqa: BLE001 - every failure must reach the waiting ranks
+            self._failure = error
+            self._note_peer_failure(f"collective failed: {error}")
+            self._fail_all(HorovodInternalError(f"torchring engine failed on rank {self.rank}: {error}"))
+            try:
+                self._waker.wake(epoch)
+            except Exception:  # noqa: BLE001 - the store may be gone too; nothing left to wake
+                pass
+        finally:
+            self._waker.close()
+            self._stopped.set()
+
+    def _note_peer_failure(self, reason: str) -> None:
+        """Tell the launcher that this rank's operations fail because of another rank."""
+        if self._report_peer_failure is None:
+            return
+        try:
+            self._report_peer_failure(reason)
+        except Exception:  # noqa: BLE001 - the launcher may be gone; the error still reaches the user
+            pass
+
+    def _wait_for_cycle(self) -> tuple[list[Request], bool]:
+        deadline = time.monotonic() + self._settings.cycle_time_s
+        with self._cond:
+            while not self._queue and not self._shutdown_requested:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            return self._drain()
+
+    def _wait_while_idle(self, epoch: int) -> tuple[list[Request], bool]:
+        self._waker.listen(epoch, self._on_remote_wake)
+        with self._cond:
+            while not self._queue and not self._shutdown_requested and self._woken_epoch < epoch:
+                self._cond.wait(self._stall_check_interval())
+                self._inspect_stalls()
+            woken_remotely = self._woken_epoch >= epoch
+            drained = self._drain()
+        if not woken_remotely:
+            self._waker.wake(epoch)
+        return drained
+
+    def _on_remote_wake(self, epoch: int) -> None:
+        with self._cond:
+            self._woken_epoch = max(self._woken_epoch, epoch)
+            self._cond.notify()
+
+    def _forget_finished_epochs(self, finished: int) -> None:
+        while self._forgotten_epoch < finished:
+            self._forgotten_epoch += 1
+            self._waker.forget(self._forgotten_epoch)
+
+    def _drain(self) -> tuple[list[Request], bool]:
+        drained, self._queue = self._queue, []
+        return drained, self._shutdown_requested
+
+    def _exchange(self, announcement: Announcement) -> list[Announcement]:
+        payloads = self._control.allgather_bytes(pickle.dumps(announcement, protocol=pickle.HIGHEST_PROTOCOL))
+        return [pickle.loads(payload) for payload in payloads]
+
+    def _negotiate(self, announcements: list[Announcement]) -> list[Response]:
+        for rank, announcement in enumerate(announcements):
+            self._negotiator.record(rank, announcement.metas)
+        return self._negotiator.take_ready()
+
+    def _perform(self, response: Response) -> None:
+        with self._cond:
+            request = self._inflight[response.name]
+        if response.error is not None:
+            self._finish(request, error=TensorMismatchError(response.error))
+            return
+        result = self._executor.execute(response, request)
+        self._finish(request, result=result)
+
+    def _finish(self, request: Request, result: object = None, error: BaseException | None = None) -> None:
+        with self._cond:
+            self._inflight.pop(request.meta.name, None)
+        request.handle.complete(result, error)
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._cond:
+            requests = list(self._inflight.values())
+            self._inflight.clear()
+            self._queue.clear()
+        for request in requests:
+            request.handle.complete(error=error)
+
+    def _shutdown_error(self, stopping_ranks: list[int]) -> HorovodInternalError:
+        who = ", ".join(map(str, stopping_ranks))
+        return HorovodInternalError(
+            f"torchring has been shut down (by rank {who}). This is caused by hvd.shutdown() or the end "
+            "of the program on that rank, or by an exception there; operations still pending on this "
+            "rank can no longer complete."
+        )
+
+    # ---- stall inspector --------------------------------------------------------------------------
+
+    def _stall_check_interval(self) -> float:
+        if not self._settings.stall_check_enabled:
+            return 3600.0
+        return max(1.0, min(self._settings.stall_warning_s / 4, 30.0))
+
+    def _inspect_stalls(self) -> None:
+        if not self._settings.stall_check_enabled or self.rank != 0:
+            return
+        now = time.monotonic()
+        threshold = self._settings.stall_warning_s
+        stalled: list[tuple[str, PendingEntry]] = [
+            (name, entry)
+            for name, entry in self._negotiator.pending.items()
+            if now - entry.first_seen > threshold and now - entry.stall_reported_at > threshold
+        ]
+        if not stalled:
+            return
+        lines = []
+        for name, entry in stalled:
+            entry.stall_reported_at = now
+            missing = self._negotiator.missing_ranks(entry)
+            lines.append(f"  {name}: waiting for ranks {missing} (ready on {sorted(entry.metas)})")
+        logger.warning(
+            "One or more tensors were submitted to be reduced, gathered or broadcasted by a subset of "
+            "ranks and have been waiting for more than %.0f seconds. This may indicate that different "
+            "ranks are trying to submit different tensors, or that only a subset of ranks is submitting "
+            "tensors, which will cause a deadlock.\nStalled operations:\n%s",
+            threshold,
+            "\n".join(lines),
+        )

@@ -1,0 +1,91 @@
+"""What a rank submits to the engine: a named request, its metadata, and the handle that completes it."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import torch
+
+
+class OpType(str, Enum):
+    """The kinds of collective the engine negotiates."""
+
+    ALLREDUCE = "allreduce"
+    ALLGATHER = "allgather"
+    BROADCAST = "broadcast"
+    BARRIER = "barrier"
+
+
+@dataclass(frozen=True)
+class RequestMeta:
+    """The part of a request every rank sees during negotiation (small and picklable)."""
+
+    name: str
+    op_type: OpType
+    dtype: str = ""
+    shape: tuple[int, ...] = ()
+    device: str = "cpu"
+    reduce_op: int = -1
+    root_rank: int = -1
+    prescale_factor: float = 1.0
+    postscale_factor: float = 1.0
+    #: This rank's submission counter; rank 0's value orders requests that become ready together.
+    seq: int = 0
+
+
+class Handle:
+    """Completion of one request: set once, with a result or an error."""
+
+    __slots__ = ("_event", "result", "error")
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def done(self) -> bool:
+        """True once the request finished, successfully or not."""
+        return self._event.is_set()
+
+    def complete(self, result: Any = None, error: BaseException | None = None) -> None:
+        """Record the outcome and wake whoever waits."""
+        self.result = result
+        self.error = error
+        self._event.set()
+
+    def wait(self) -> Any:
+        """Block until done; return the result or raise the error."""
+        self._event.wait()
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+@dataclass
+class Request:
+    """A rank's own request: metadata plus the local tensors the engine works on."""
+
+    meta: RequestMeta
+    #: The tensor the collective reads from and (for allreduce/broadcast) writes into.
+    buffer: torch.Tensor | None = None
+    #: A CUDA event recorded on the submitting stream; the engine waits on it before reading ``buffer``.
+    ready_event: Any = None
+    handle: Handle = field(default_factory=Handle)
+
+
+def tensor_meta(
+    name: str, op_type: OpType, tensor: torch.Tensor, seq: int, **fields: Any
+) -> RequestMeta:
+    """The negotiation metadata of ``tensor`` for an operation of ``op_type``."""
+    return RequestMeta(
+        name=name,
+        op_type=op_type,
+        dtype=str(tensor.dtype).removeprefix("torch."),
+        shape=tuple(tensor.shape),
+        device=tensor.device.type,
+        seq=seq,
+        **fields,
+    )

@@ -1,0 +1,84 @@
+"""Waking idle engines on every rank through the rendezvous store.
+
+An engine with nothing to do stops cycling and blocks. When any rank then gets work, it sets a key
+that the listener thread of every rank waits on, and all engines resume their collective cycles
+together. Idle ranks therefore use no CPU, yet the first request after a pause is seen everywhere
+after one store round trip.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+
+import torch.distributed as dist
+
+_LISTEN_TIMEOUT = timedelta(hours=1)
+
+
+class Waker:
+    """Interface: ``listen`` for a wake-up of an idle epoch, ``wake`` every rank's engine for it."""
+
+    def listen(self, epoch: int, on_wake: Callable[[int], None]) -> None:
+        """Call ``on_wake(epoch)`` (from another thread) once any rank wakes ``epoch``."""
+
+    def wake(self, epoch: int) -> None:
+        """Wake every rank's engine that is idle in ``epoch``."""
+
+    def forget(self, epoch: int) -> None:
+        """Release what ``epoch`` used (called by one rank once every rank has left it)."""
+
+    def close(self) -> None:
+        """Stop listening."""
+
+
+class LocalWaker(Waker):
+    """For a job of one rank: its own submissions already wake its engine."""
+
+
+class StoreWaker(Waker):
+    """Wake-ups through keys ``<epoch>`` in a store; one client listens, another sets."""
+
+    def __init__(self, host: str, port: int, prefix: str, timeout: timedelta) -> None:
+        self._setter = dist.PrefixStore(prefix, self._connect(host, port, timeout))
+        self._listening_store = dist.PrefixStore(prefix, self._connect(host, port, timeout))
+        self._epochs: queue.SimpleQueue[tuple[int, Callable[[int], None]] | None] = queue.SimpleQueue()
+        self._closed = False
+        self._thread = threading.Thread(target=self._listen_loop, name="torchring-waker", daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _connect(host: str, port: int, timeout: timedelta) -> dist.Store:
+        return dist.TCPStore(host, port, is_master=False, timeout=timeout, wait_for_workers=False)
+
+    def listen(self, epoch: int, on_wake: Callable[[int], None]) -> None:
+        self._epochs.put((epoch, on_wake))
+
+    def wake(self, epoch: int) -> None:
+        self._setter.set(str(epoch), "1")
+
+    def forget(self, epoch: int) -> None:
+        self._setter.delete_key(str(epoch))
+
+    def close(self) -> None:
+        """Stop the listener and wait for it, so that no thread is inside the store at interpreter exit."""
+        self._closed = True
+        self._epochs.put(None)
+        self._thread.join(timeout=10)
+
+    def _listen_loop(self) -> None:
+        while True:
+            item = self._epochs.get()
+            if item is None:
+                return
+            epoch, on_wake = item
+            while not self._closed:
+                try:
+                    self._listening_store.wait([str(epoch)], _LISTEN_TIMEOUT)
+                    break
+                except dist.DistStoreError as error:
+                    if "timeout" not in str(error).lower():
+                        break  # the store is gone: let the engine cycle, and fail, on its own I/O
+            on_wake(epoch)

@@ -1,0 +1,144 @@
+"""``torchring run`` on this host: variables, output, failures, signals, and no process left behind."""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+
+import pytest
+
+from .jobs import processes_with_marker, python_script, run_job, start_job, wait_until_gone
+
+
+def test_every_rank_gets_torchring_horovod_and_torchrun_variables():
+    result = run_job("run", "-np", "3", *python_script("print_env.py"))
+    assert result.returncode == 0, result.stderr
+    ports = set()
+    for rank in range(3):
+        values = dict(line.split("=", 1) for line in result.lines("stdout", rank) if "=" in line)
+        assert values["RANK"] == values["HOROVOD_RANK"] == values["TORCHRING_RANK"] == str(rank)
+        assert values["WORLD_SIZE"] == values["HOROVOD_SIZE"] == "3"
+        assert values["LOCAL_RANK"] == values["HOROVOD_LOCAL_RANK"] == str(rank)
+        assert values["LOCAL_WORLD_SIZE"] == values["HOROVOD_LOCAL_SIZE"] == "3"
+        assert values["HOROVOD_CROSS_RANK"] == "0" and values["HOROVOD_CROSS_SIZE"] == "1"
+        assert values["MASTER_ADDR"] == "127.0.0.1"
+        assert int(values["OMP_NUM_THREADS"]) >= 1
+        ports.add(values["MASTER_PORT"])
+        assert "partial line without newline" in result.lines("stdout", rank)
+    assert len(ports) == 1
+
+
+def test_output_lines_are_prefixed_with_rank_and_stream():
+    result = run_job("run", "-np", "2", "python", "-c",
+                     "import sys, os; print('out', os.environ['RANK']); print('err', file=sys.stderr)")
+    assert result.returncode == 0
+    assert sorted(line for line in result.stdout.splitlines() if "<stdout>" in line) == [
+        "[0]<stdout>:out 0", "[1]<stdout>:out 1"]
+    assert sorted(result.stderr.splitlines()) == ["[0]<stderr>:err", "[1]<stderr>:err"]
+
+
+def test_ranks_filter_shows_only_chosen_ranks():
+    result = run_job("run", "-np", "3", "--ranks", "1", "python", "-c", "import os; print('hi', os.environ['RANK'])")
+    assert result.returncode == 0
+    assert result.stdout.splitlines() == ["[1]<stdout>:hi 1"]
+
+
+def test_unchanged_ddp_script_runs():
+    result = run_job("run", "-np", "2", *python_script("ddp_minimal.py"))
+    assert result.returncode == 0, result.stderr
+    assert result.lines("stdout", 0) == ["ddp ok rank=0 world=2"]
+    assert result.lines("stdout", 1) == ["ddp ok rank=1 world=2"]
+
+
+def test_two_jobs_at_once_do_not_collide():
+    first, first_marker = start_job("run", "-np", "2", *python_script("ddp_minimal.py"))
+    second, second_marker = start_job("run", "-np", "2", *python_script("ddp_minimal.py"))
+    for process in (first, second):
+        stdout, stderr = process.communicate(timeout=120)
+        assert process.returncode == 0, stderr
+        assert stdout.count("ddp ok") == 2
+
+
+def test_failing_rank_ends_job_with_summary_and_no_leftovers():
+    result = run_job("run", "-np", "3", *python_script("exit_code.py"))
+    assert result.returncode == 3
+    assert "rank 1" in result.stderr and "exited with code 3" in result.stderr
+    assert "rank 1 failing on purpose" in result.stderr.split("Last lines of rank 1's stderr:")[1]
+    children = [int(pid) for pid in re.findall(r"started child (\d+)", result.stdout)]
+    assert len(children) == 3
+    assert wait_until_gone(result.marker) == []
+
+
+def test_sigkill_of_one_rank_ends_the_job():
+    process, marker = start_job("run", "-np", "2", *python_script("sleeper.py"))
+    pids = _wait_for_ready(process, 2)
+    signal_pid = pids[1]
+    import os
+    os.kill(signal_pid, signal.SIGKILL)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode != 0
+    assert "was killed by signal 9 (SIGKILL)" in stderr
+    assert wait_until_gone(marker) == []
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_signal_to_launcher_stops_every_rank(signum):
+    process, marker = start_job("run", "-np", "2", *python_script("sleeper.py"))
+    _wait_for_ready(process, 2)
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 128 + signum
+    assert signal.Signals(signum).name in stderr
+    assert wait_until_gone(marker) == []
+
+
+def test_launcher_killed_outright_takes_its_ranks_along():
+    process, marker = start_job("run", "-np", "2", *python_script("sleeper.py"))
+    _wait_for_ready(process, 2)
+    process.kill()
+    process.communicate(timeout=30)
+    assert wait_until_gone(marker) == []
+
+
+@pytest.mark.parametrize("args,message", [
+    (["-np", "2", "-H", "localhost:0", "true"], "0 slots"),
+    (["-np", "2", "-H", "localhost:x", "true"], "positive integer"),
+    (["-np", "2", "-H", "localhost:1,localhost:1", "true"], "listed twice"),
+    (["-np", "3", "-H", "localhost:2", "true"], "-np 3 asks for more ranks than the 2 slots"),
+    (["-np", "1", "-H", "a b", "true"], "malformed"),
+    (["-np", "1"], "no command"),
+    (["-np", "1", "no-such-program-xyz"], "command not found"),
+])
+def test_bad_input_is_a_one_line_error(args, message):
+    result = run_job("run", *args)
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_unknown_flag_is_a_usage_error():
+    result = run_job("run", "--no-such-flag", "-np", "1", "true")
+    assert result.returncode == 2
+    assert "unrecognized arguments" in result.stderr or "error" in result.stderr
+
+
+def _wait_for_ready(process, count: int, timeout: float = 60) -> list[int]:
+    pids = []
+    deadline = time.monotonic() + timeout
+    while len(pids) < count:
+        assert time.monotonic() < deadline, "ranks did not start"
+        line = process.stdout.readline()
+        match = re.search(r"ready pid=(\d+)", line)
+        if match:
+            pids.append(int(match.group(1)))
+    return pids
+
+
+def test_processes_with_marker_finds_live_processes():
+    process, marker = start_job("run", "-np", "1", *python_script("sleeper.py"))
+    pids = _wait_for_ready(process, 1)
+    assert pids[0] in processes_with_marker(marker)
+    process.terminate()
+    process.communicate(timeout=30)
+    assert wait_until_gone(marker) == []

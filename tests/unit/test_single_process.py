@@ -1,0 +1,69 @@
+"""The API in a single process with no launcher: size 1, no network."""
+
+import pytest
+import torch
+
+import torchring as hvd
+
+
+@pytest.fixture
+def initialized():
+    hvd.init()
+    yield
+    hvd.shutdown()
+
+
+def test_topology_queries_raise_value_error_before_init():
+    hvd.shutdown()
+    for query in (hvd.size, hvd.rank, hvd.local_size, hvd.local_rank, hvd.cross_size, hvd.cross_rank):
+        with pytest.raises(ValueError, match="has not been initialized"):
+            query()
+    assert not hvd.is_initialized()
+
+
+def test_init_shutdown_init_in_one_process():
+    for _ in range(3):
+        hvd.init()
+        hvd.init()  # a second init while initialised does nothing
+        assert hvd.is_initialized() and (hvd.size(), hvd.rank()) == (1, 0)
+        assert torch.equal(hvd.allreduce(torch.ones(2), op=hvd.Sum), torch.ones(2))
+        hvd.shutdown()
+        assert not hvd.is_initialized()
+
+
+def test_collectives_with_one_rank(initialized):
+    tensor = torch.arange(6.0).reshape(2, 3)
+    assert torch.equal(hvd.allreduce(tensor), tensor)
+    assert torch.equal(hvd.allgather(tensor), tensor)
+    assert torch.equal(hvd.broadcast(tensor, 0), tensor)
+    hvd.barrier()
+    assert hvd.broadcast_object({"k": [1, 2]}) == {"k": [1, 2]}
+    assert hvd.allgather_object("x") == ["x"]
+
+
+def test_operation_after_shutdown_raises_value_error():
+    hvd.init()
+    hvd.shutdown()
+    with pytest.raises(ValueError):
+        hvd.allreduce(torch.ones(1))
+
+
+def test_adasum_is_refused_with_a_clear_error(initialized):
+    with pytest.raises(NotImplementedError, match="Adasum"):
+        hvd.allreduce(torch.ones(1), op=hvd.Adasum)
+
+
+def test_unsupported_dtype_is_a_value_error(initialized):
+    with pytest.raises(ValueError, match="complex"):
+        hvd.allreduce(torch.ones(2, dtype=torch.complex64))
+
+
+def test_distributed_optimizer_with_one_rank_is_the_plain_optimizer(initialized):
+    model = torch.nn.Linear(3, 1)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters())
+    before = model.weight.detach().clone()
+    model(torch.ones(2, 3)).sum().backward()
+    optimizer.step()
+    assert not torch.equal(before, model.weight)
+    assert isinstance(optimizer, torch.optim.SGD)

@@ -16,8 +16,8 @@ import os
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-import torch.optim as optim
 from mnist_common import Net, load_datasets
+from torch import optim
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler

@@ -16,8 +16,8 @@ import contextlib
 
 import torch
 import torch.nn.functional as F
-import torch.optim as optim
 from mnist_common import Net, load_datasets
+from torch import optim
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 

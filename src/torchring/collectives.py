@@ -98,7 +98,8 @@ def _submit(meta_for: Callable[[str, int], RequestMeta], kind: str, name: str | 
 
 
 def _allreduce_submit(buffer: torch.Tensor, name: str | None, op: int | None, average: bool | None,
-                      prescale_factor: float, postscale_factor: float) -> int:
+                      prescale_factor: float, postscale_factor: float,
+                      finish: Callable[[Any], Any] = lambda result: result) -> int:
     resolved = resolve_op(op, average)
     if resolved is ReduceOp.AVERAGE and buffer.dtype == torch.bool:
         raise ValueError("op=Average is not defined for bool tensors; use Sum, Min or Max")
@@ -107,7 +108,7 @@ def _allreduce_submit(buffer: torch.Tensor, name: str | None, op: int | None, av
         return tensor_meta(n, OpType.ALLREDUCE, buffer, seq, reduce_op=int(resolved),
                            prescale_factor=float(prescale_factor), postscale_factor=float(postscale_factor))
 
-    return _submit(meta, "allreduce", name, buffer)
+    return _submit(meta, "allreduce", name, buffer, finish)
 
 
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -122,7 +123,8 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
                      op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
     """Start reducing ``tensor`` across ranks in place; return a handle for ``synchronize``."""
     _check_tensor(tensor, in_place=True)
-    return _allreduce_submit(tensor.detach(), name, op, average, prescale_factor, postscale_factor)
+    return _allreduce_submit(tensor.detach(), name, op, average, prescale_factor, postscale_factor,
+                             finish=lambda _: tensor)
 
 
 def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -162,7 +164,8 @@ def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
     return synchronize(allgather_async(tensor, name))
 
 
-def _broadcast_submit(buffer: torch.Tensor, root_rank: int, name: str | None) -> int:
+def _broadcast_submit(buffer: torch.Tensor, root_rank: int, name: str | None,
+                      finish: Callable[[Any], Any] = lambda result: result) -> int:
     size = context.current().topology.size
     if not 0 <= int(root_rank) < size:
         raise ValueError(f"root_rank {root_rank} is not a rank of this job (size {size})")
@@ -170,7 +173,7 @@ def _broadcast_submit(buffer: torch.Tensor, root_rank: int, name: str | None) ->
     def meta(n: str, seq: int) -> RequestMeta:
         return tensor_meta(n, OpType.BROADCAST, buffer, seq, root_rank=int(root_rank))
 
-    return _submit(meta, "broadcast", name, buffer)
+    return _submit(meta, "broadcast", name, buffer, finish)
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None) -> int:
@@ -182,7 +185,7 @@ def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = Non
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None) -> int:
     """Start overwriting ``tensor`` on every rank with ``root_rank``'s value."""
     _check_tensor(tensor, in_place=True)
-    return _broadcast_submit(tensor.detach(), root_rank, name)
+    return _broadcast_submit(tensor.detach(), root_rank, name, finish=lambda _: tensor)
 
 
 def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None) -> torch.Tensor:

@@ -96,7 +96,10 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     is_root = context.current().topology.rank == root_rank
     layout = broadcast_object(_state_layout(state_dict) if is_root else None, root_rank,
                               name="optimizer_state_layout")
-    for group, root_options in zip(optimizer.param_groups, layout["groups"]):
+    if len(layout["groups"]) != len(optimizer.param_groups):
+        raise ValueError(f"rank {root_rank}'s optimizer has {len(layout['groups'])} parameter groups, this rank's "
+                         f"has {len(optimizer.param_groups)}; build the same optimizer on every rank")
+    for group, root_options in zip(optimizer.param_groups, layout["groups"], strict=True):
         for key, value in root_options.items():
             group[key] = value
     params = [p for group in optimizer.param_groups for p in group["params"]]

@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 from .basics import size
-from .collectives import allreduce_async_, synchronize as wait_handle
+from .collectives import allreduce_async_
+from .collectives import synchronize as wait_handle
 from .compression import Compression, Compressor
 from .reduction import Average, ReduceOp, resolve_op
 
@@ -126,7 +127,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             prescale, postscale = 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
         handle = allreduce_async_(compressed, name=self._parameter_names[param], op=self.op,
                                   prescale_factor=prescale, postscale_factor=postscale)
-        return handle, (compressed, ctx)
+        return handle, ctx
 
     # ---- public API -----------------------------------------------------------------------------
 
@@ -142,7 +143,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     self._submit_group(group)
                 else:
                     self._handles[param] = self._allreduce_gradient(param)
-        for param, (handle, (compressed, ctx)) in list(self._handles.items()):
+        for param, (handle, ctx) in list(self._handles.items()):
             output = self._compression.decompress(wait_handle(handle), ctx)
             if output is not param.grad:
                 param.grad.copy_(output)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import time
@@ -52,8 +53,8 @@ def test_unchanged_ddp_script_runs():
 
 
 def test_two_jobs_at_once_do_not_collide():
-    first, first_marker = start_job("run", "-np", "2", *python_script("ddp_minimal.py"))
-    second, second_marker = start_job("run", "-np", "2", *python_script("ddp_minimal.py"))
+    first, _ = start_job("run", "-np", "2", *python_script("ddp_minimal.py"))
+    second, _ = start_job("run", "-np", "2", *python_script("ddp_minimal.py"))
     for process in (first, second):
         stdout, stderr = process.communicate(timeout=120)
         assert process.returncode == 0, stderr
@@ -73,9 +74,7 @@ def test_failing_rank_ends_job_with_summary_and_no_leftovers():
 def test_sigkill_of_one_rank_ends_the_job():
     process, marker = start_job("run", "-np", "2", *python_script("sleeper.py"))
     pids = _wait_for_ready(process, 2)
-    signal_pid = pids[1]
-    import os
-    os.kill(signal_pid, signal.SIGKILL)
+    os.kill(pids[1], signal.SIGKILL)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode != 0
     assert "was killed by signal 9 (SIGKILL)" in stderr

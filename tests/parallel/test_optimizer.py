@@ -43,7 +43,7 @@ def test_broadcast_parameters_makes_models_equal(rank):
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     assert_identical_on_all_ranks(model)
     reference = make_model(0)
-    for mine, expected in zip(model.parameters(), reference.parameters()):
+    for mine, expected in zip(model.parameters(), reference.parameters(), strict=True):
         assert torch.equal(mine, expected)
 
 
@@ -69,7 +69,7 @@ def test_training_keeps_parameters_identical_and_matches_averaged_gradients(rank
             (nn.functional.cross_entropy(reference(d), t) / size).backward()
         reference_opt.step()
     assert_identical_on_all_ranks(model)
-    for mine, expected in zip(model.parameters(), reference.parameters()):
+    for mine, expected in zip(model.parameters(), reference.parameters(), strict=True):
         assert torch.allclose(mine, expected, atol=1e-5)
 
 

@@ -32,9 +32,9 @@ def detect_environment(env: Mapping[str, str] | None = None) -> ClusterEnvironme
 
 
 __all__ = [
+    "ENVIRONMENTS",
     "ClusterEnvironment",
     "LaunchEnvironmentError",
-    "ENVIRONMENTS",
     "MPIEnvironment",
     "RankInfo",
     "Rendezvous",

@@ -62,7 +62,9 @@ class ClusterEnvironment(ABC):
                 try:
                     return int(raw)
                 except ValueError:
-                    raise LaunchEnvironmentError(f"{name}={raw!r} is not an integer ({self.name} environment)")
+                    raise LaunchEnvironmentError(
+                        f"{name}={raw!r} is not an integer ({self.name} environment)"
+                    ) from None
         return default
 
     def required_integer(self, *names: str) -> int:

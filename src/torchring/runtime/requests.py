@@ -39,7 +39,7 @@ class RequestMeta:
 class Handle:
     """Completion of one request: set once, with a result or an error."""
 
-    __slots__ = ("_event", "result", "error")
+    __slots__ = ("_event", "error", "result")
 
     def __init__(self) -> None:
         self._event = threading.Event()

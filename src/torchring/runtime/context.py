@@ -88,9 +88,13 @@ def _engine_settings() -> EngineSettings:
 def _cuda_group(store: dist.Store, rank: int, size: int) -> dist.ProcessGroup | None:
     if not (torch.cuda.is_available() and dist.is_nccl_available()):
         return None
-    options = dist.ProcessGroupNCCL.Options()
-    options._timeout = collective_timeout()
-    return dist.ProcessGroupNCCL(store, rank, size, options)
+    try:
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = collective_timeout()
+        return dist.ProcessGroupNCCL(store, rank, size, options)
+    except (RuntimeError, AttributeError, TypeError) as error:
+        logger.warning("NCCL is unavailable (%s); collectives on CUDA tensors will fail", error)
+        return None
 
 
 def _peer_failure_reporter(environment: ClusterEnvironment, store: dist.Store,

@@ -31,9 +31,10 @@ class DataGroups:
     cpu: dist.ProcessGroup | None
     cuda: dist.ProcessGroup | None = None
 
-    def for_device(self, device: str) -> dist.ProcessGroup:
+    def for_device(self, device: str, size: int) -> dist.ProcessGroup | None:
+        """The group for tensors on ``device``; None only in a job of one rank without such a group."""
         group = self.cuda if device == "cuda" else self.cpu
-        if group is None:
+        if group is None and size > 1:
             raise RuntimeError(
                 f"no process group for {device} tensors: NCCL is unavailable in this torch build; "
                 "move the tensor to the CPU or install a CUDA build of torch"
@@ -92,10 +93,11 @@ class Executor:
         meta = response.metas[self.rank]
         op = ReduceOp(meta.reduce_op)
         _scale(buffer, meta.prescale_factor)
-        if self.size > 1:
+        group = self.groups.for_device(meta.device, self.size)
+        if group is not None:
             options = dist.AllreduceOptions()
             options.reduceOp = _C10D_REDUCE_OPS[op]
-            self.groups.for_device(meta.device).allreduce([buffer], options).wait()
+            group.allreduce([buffer], options).wait()
         if op is ReduceOp.AVERAGE:
             if buffer.dtype.is_floating_point or buffer.dtype.is_complex:
                 buffer.div_(self.size)
@@ -106,10 +108,11 @@ class Executor:
 
     def _broadcast(self, response: Response, buffer: torch.Tensor) -> torch.Tensor:
         meta = response.metas[self.rank]
-        if self.size > 1:
+        group = self.groups.for_device(meta.device, self.size)
+        if group is not None:
             options = dist.BroadcastOptions()
             options.rootRank = meta.root_rank
-            self.groups.for_device(meta.device).broadcast([_wire_view(buffer)], options).wait()
+            group.broadcast([_wire_view(buffer)], options).wait()
         return buffer
 
     def _allgather(self, response: Response, buffer: torch.Tensor) -> torch.Tensor:
@@ -117,10 +120,10 @@ class Executor:
         first_dims = [m.shape[0] for m in response.metas]
         rest = tuple(buffer.shape[1:])
         output = buffer.new_empty((sum(first_dims), *rest))
-        if self.size == 1:
+        group = self.groups.for_device(meta.device, self.size)
+        if group is None:
             output.copy_(buffer)
             return output
-        group = self.groups.for_device(meta.device)
         if len(set(first_dims)) == 1:
             group._allgather_base(_wire_view(output), _wire_view(buffer)).wait()
             return output

@@ -6,11 +6,17 @@ from .collectives import reset_auto_names
 from .runtime import context
 
 
-def init() -> None:
+def init(comm: object = None, process_sets: object = None) -> None:
     """Join the job: discover ranks from the environment, rendezvous, and start the engine.
 
     Does nothing when already initialised; after ``shutdown()`` it starts a fresh rendezvous.
+    ``comm`` (an MPI communicator in Horovod) and ``process_sets`` are not supported yet.
     """
+    if comm is not None:
+        raise ValueError("init(comm=...) needs MPI, which torchring does not use; launch the ranks with "
+                         "torchring run, torchrun, srun or mpirun and call init() without arguments")
+    if process_sets is not None:
+        raise NotImplementedError("process sets are not supported by this version of torchring")
     if not context.is_initialized():
         context.init()
         reset_auto_names()

@@ -141,3 +141,26 @@ def test_processes_with_marker_finds_live_processes():
     process.terminate()
     process.communicate(timeout=30)
     assert wait_until_gone(marker) == []
+
+
+def test_busy_port_is_a_clear_error():
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        result = run_job("run", "-np", "1", "--port", str(busy.getsockname()[1]), "true")
+    assert result.returncode != 0
+    assert "cannot serve the rendezvous store" in result.stderr and "--port" in result.stderr
+
+
+def test_given_port_becomes_master_port():
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    result = run_job("run", "-np", "1", "--port", str(port), "python", "-c",
+                     "import os; print(os.environ['MASTER_PORT'])")
+    assert result.returncode == 0
+    assert result.lines("stdout", 0) == [str(port)]

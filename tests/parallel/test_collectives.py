@@ -169,3 +169,11 @@ def test_in_place_op_on_a_non_contiguous_tensor_is_an_error():
 def test_out_of_place_op_accepts_a_non_contiguous_tensor(size):
     tensor = torch.arange(16.0).reshape(4, 4).t()
     assert torch.equal(hvd.allreduce(tensor, op=hvd.Sum), tensor * size)
+
+
+def test_shutdown_then_init_again_keeps_rank_and_size(rank, size):
+    hvd.shutdown()
+    assert not hvd.is_initialized()
+    hvd.init()
+    assert (hvd.rank(), hvd.size()) == (rank, size)
+    assert torch.equal(hvd.allreduce(torch.ones(3), op=hvd.Sum), torch.full((3,), float(size)))

@@ -77,6 +77,7 @@ class Engine:
         self._forgotten_epoch = -1
         self._failure: BaseException | None = None
         self._stopped_by: list[int] = []
+        self._last_stall_check = 0.0
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"torchring-engine-{rank}", daemon=True)
 
@@ -140,6 +141,7 @@ class Engine:
                 responses = self._negotiate(announcements)
                 for response in responses:
                     self._perform(response)
+                self._inspect_stalls()
                 stopping_ranks = [r for r, a in enumerate(announcements) if a.shutting_down]
                 if stopping_ranks:
                     self._stopped_by = stopping_ranks
@@ -259,6 +261,9 @@ class Engine:
         if not self._settings.stall_check_enabled or self.rank != 0:
             return
         now = time.monotonic()
+        if now - self._last_stall_check < 1.0:
+            return
+        self._last_stall_check = now
         threshold = self._settings.stall_warning_s
         stalled: list[tuple[str, PendingEntry]] = [
             (name, entry)

@@ -105,6 +105,21 @@ def _peer_failure_reporter(environment: ClusterEnvironment, store: dist.Store,
     return lambda reason: store.set(peer_failure_key(rank), reason)
 
 
+def _wait_for_all_ranks(store: dist.Store, prefix: str, rank: int, size: int) -> None:
+    """Meet every rank in the store (within the start timeout) before creating the groups, so that ranks
+    which start late only need ``START_TIMEOUT``; a rank that never comes is named in the error."""
+    store.set(f"{prefix}/arrived/{rank}", "1")
+    keys = [f"{prefix}/arrived/{r}" for r in range(size)]
+    try:
+        store.wait(keys, start_timeout())
+    except dist.DistStoreError:
+        missing = [r for r, key in enumerate(keys) if not store.check([key])]
+        raise RuntimeError(
+            f"torchring rendezvous timed out after {start_timeout().total_seconds():.0f}s: rank(s) {missing} of "
+            f"{size} never called hvd.init(). Check their output; raise TORCHRING_START_TIMEOUT if they start slowly."
+        ) from None
+
+
 def init() -> None:
     """Join the job: discover ranks, rendezvous, create the process groups and start the engine.
 
@@ -125,6 +140,7 @@ def init() -> None:
         timeout = collective_timeout()
         control_group = data_group = None
         if info.size > 1:
+            _wait_for_all_ranks(store, prefix, info.rank, info.size)
             control_group = dist.ProcessGroupGloo(dist.PrefixStore(f"{prefix}/control", store), info.rank,
                                                   info.size, timeout)
             data_group = dist.ProcessGroupGloo(dist.PrefixStore(f"{prefix}/data", store), info.rank,

@@ -135,8 +135,12 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
     ``compression`` shrinks the tensor on the wire (``Compression.fp16``); the result has the input's dtype.
     """
     compressed, ctx = compression.compress(tensor)
-    handle = allreduce_async(compressed, average, name, op, prescale_factor, postscale_factor)
-    return compression.decompress(synchronize(handle), ctx)
+    if differentiable.needs_autograd(compressed):
+        reduced = differentiable.AllreduceFunction.apply(compressed, resolve_op(op, average), name,
+                                                         prescale_factor, postscale_factor)
+    else:
+        reduced = synchronize(allreduce_async(compressed, average, name, op, prescale_factor, postscale_factor))
+    return compression.decompress(reduced, ctx)
 
 
 def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -160,7 +164,9 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None) -> int:
 
 
 def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
-    """Every rank's ``tensor`` concatenated along dimension 0, in rank order."""
+    """Every rank's ``tensor`` concatenated along dimension 0, in rank order (differentiable)."""
+    if differentiable.needs_autograd(tensor):
+        return differentiable.AllgatherFunction.apply(tensor, name)
     return synchronize(allgather_async(tensor, name))
 
 
@@ -189,7 +195,9 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = No
 
 
 def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None) -> torch.Tensor:
-    """A copy of ``root_rank``'s ``tensor`` on every rank."""
+    """A copy of ``root_rank``'s ``tensor`` on every rank (differentiable)."""
+    if differentiable.needs_autograd(tensor):
+        return differentiable.BroadcastFunction.apply(tensor, root_rank, name)
     return synchronize(broadcast_async(tensor, root_rank, name))
 
 
@@ -225,3 +233,6 @@ def synchronize(handle: int) -> Any:
         return finish(done.wait())
     finally:
         _handles.pop(handle)
+
+
+from . import differentiable  # noqa: E402 - autograd wrappers build on the functions above

@@ -177,3 +177,28 @@ def test_shutdown_then_init_again_keeps_rank_and_size(rank, size):
     hvd.init()
     assert (hvd.rank(), hvd.size()) == (rank, size)
     assert torch.equal(hvd.allreduce(torch.ones(3), op=hvd.Sum), torch.full((3,), float(size)))
+
+
+def test_allreduce_gradient_is_the_allreduced_gradient(rank, size):
+    tensor = torch.full((3,), float(rank), requires_grad=True)
+    result = hvd.allreduce(tensor, op=hvd.Sum, name="grad.allreduce")
+    assert result.requires_grad
+    (result * (rank + 1)).sum().backward()
+    assert torch.allclose(tensor.grad, torch.full((3,), float(sum(r + 1 for r in range(size)))))
+
+
+def test_allgather_gradient_is_this_ranks_slice_of_the_averaged_gradient(rank, size):
+    tensor = torch.ones(rank + 1, 2, requires_grad=True)
+    gathered = hvd.allgather(tensor, name="grad.allgather")
+    weights = torch.arange(gathered.shape[0], dtype=torch.float32).unsqueeze(1) * (rank + 1)
+    (gathered * weights).sum().backward()
+    offset = sum(r + 1 for r in range(rank))
+    mean_scale = sum(r + 1 for r in range(size)) / size
+    expected = torch.arange(offset, offset + rank + 1, dtype=torch.float32).unsqueeze(1).expand(-1, 2) * mean_scale
+    assert torch.allclose(tensor.grad, expected)
+
+
+def test_broadcast_gradient_goes_to_the_root_only(rank, size):
+    tensor = torch.ones(4, requires_grad=True)
+    hvd.broadcast(tensor, root_rank=0, name="grad.broadcast").sum().backward()
+    assert torch.equal(tensor.grad, torch.ones(4) if rank == 0 else torch.zeros(4))

@@ -15,6 +15,7 @@ import signal
 import sys
 from dataclasses import dataclass
 
+from ..compat import SHIM_PATH
 from .hosts import HostSlots, HostSpecError, assign_ranks, is_local_host, parse_hostfile, parse_hosts
 from .local import spawn_local
 from .output import OutputRelay
@@ -33,6 +34,7 @@ class RunConfig:
     port: int = 0
     ranks_to_show: frozenset[int] | None = None
     verbose: bool = False
+    horovod_compat: bool = False
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,6 +49,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ranks", default=None,
                         help="show console output of these ranks only, e.g. 0 or 0,3")
     parser.add_argument("--verbose", action="store_true", help="describe the launch")
+    parser.add_argument("--horovod-compat", action="store_true",
+                        help="let unchanged scripts 'import horovod.torch as hvd' and get torchring")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
 
 
@@ -71,7 +75,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
             raise ValueError(f"--ranks {args.ranks!r}: expected rank numbers separated by commas") from None
     if not 0 <= args.port < 65536:
         raise ValueError(f"--port {args.port} is not a valid port")
-    return RunConfig(args.num_proc, hosts, command, args.port, ranks_to_show, args.verbose)
+    return RunConfig(args.num_proc, hosts, command, args.port, ranks_to_show, args.verbose, args.horovod_compat)
 
 
 def run_job(config: RunConfig) -> int:
@@ -91,6 +95,8 @@ def run_job(config: RunConfig) -> int:
     try:
         for slot in assignments:
             env = worker_environment(os.environ, slot, "127.0.0.1", server.port)
+            if config.horovod_compat:
+                env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SHIM_PATH), env.get("PYTHONPATH")) if p)
             process = spawn_local(config.command, env)
             show = config.ranks_to_show is None or slot.rank in config.ranks_to_show
             relays = (

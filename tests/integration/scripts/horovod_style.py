@@ -12,7 +12,7 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size())
 hvd_optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
 hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 generator = torch.Generator().manual_seed(hvd.rank())
-for batch_idx in range(5):
+for _ in range(5):
     data, target = torch.randn(16, 784, generator=generator), torch.randint(0, 10, (16,), generator=generator)
     optimizer.zero_grad()
     loss = nn.CrossEntropyLoss()(model(data), target)

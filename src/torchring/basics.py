@@ -2,24 +2,38 @@
 
 from __future__ import annotations
 
-from .collectives import reset_auto_names
+from collections.abc import Sequence
+
+from . import config
+from .handles import reset_auto_names
+from .process_sets import ProcessSet, global_process_set
 from .runtime import context
 
 
-def init(comm: object = None, process_sets: object = None) -> None:
+def init(comm: object = None, process_sets: Sequence[ProcessSet] | str | None = None) -> None:
     """Join the job: discover ranks from the environment, rendezvous, and start the engine.
 
+    ``process_sets``: a list of ``ProcessSet`` every rank registers now, or ``"dynamic"`` to allow
+    ``add_process_set``/``remove_process_set`` later (as does ``HOROVOD_DYNAMIC_PROCESS_SETS=1``).
     Does nothing when already initialised; after ``shutdown()`` it starts a fresh rendezvous.
-    ``comm`` (an MPI communicator in Horovod) and ``process_sets`` are not supported yet.
     """
     if comm is not None:
         raise ValueError("init(comm=...) needs MPI, which torchring does not use; launch the ranks with "
                          "torchring run, torchrun, srun or mpirun and call init() without arguments")
-    if process_sets is not None:
-        raise NotImplementedError("process sets are not supported by this version of torchring")
-    if not context.is_initialized():
-        context.init()
-        reset_auto_names()
+    if context.is_initialized():
+        return
+    dynamic = process_sets == "dynamic" or config.bool_setting("DYNAMIC_PROCESS_SETS", False)
+    static = [] if process_sets is None or isinstance(process_sets, str) else list(process_sets)
+    if isinstance(process_sets, str) and process_sets != "dynamic":
+        raise ValueError(f"process_sets must be a list of ProcessSet or 'dynamic', got {process_sets!r}")
+    for process_set in static:
+        if not isinstance(process_set, ProcessSet):
+            raise ValueError(f"process_sets must hold ProcessSet objects, got {type(process_set).__name__}")
+    ids = context.init([tuple(ps.ranks) for ps in static], dynamic)
+    for process_set, process_set_id in zip(static, ids, strict=True):
+        process_set.process_set_id = process_set_id
+    global_process_set.ranks = list(range(context.current().topology.size))
+    reset_auto_names()
 
 
 shutdown = context.shutdown

@@ -2,7 +2,9 @@
 
 * allreduce: the gradient is allreduced with the same op and scale factors;
 * allgather: the gradient is averaged over ranks and this rank's rows are returned;
-* broadcast: the gradient is averaged over ranks and kept on the root only (zeros elsewhere).
+* broadcast: the gradient is averaged over ranks and kept on the root only (zeros elsewhere);
+* alltoall: the gradient travels back with the received splits;
+* reducescatter: the gradients of all ranks are gathered (divided by the size for Average).
 """
 
 from __future__ import annotations
@@ -12,53 +14,92 @@ from typing import Any
 import torch
 
 from . import collectives
+from .process_sets import ProcessSet
 from .reduction import ReduceOp
-from .runtime import context
 
 
 class AllreduceFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, op: ReduceOp, name: str | None, prescale_factor: float,
-                postscale_factor: float) -> torch.Tensor:
+                postscale_factor: float, process_set: ProcessSet) -> torch.Tensor:
         ctx.op, ctx.prescale_factor, ctx.postscale_factor = op, prescale_factor, postscale_factor
+        ctx.process_set = process_set
         handle = collectives.allreduce_async(tensor, name=name, op=op, prescale_factor=prescale_factor,
-                                             postscale_factor=postscale_factor)
+                                             postscale_factor=postscale_factor, process_set=process_set)
         return collectives.synchronize(handle)
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         grad = collectives.allreduce(grad_output, op=ctx.op, prescale_factor=ctx.prescale_factor,
-                                     postscale_factor=ctx.postscale_factor)
-        return grad, None, None, None, None
+                                     postscale_factor=ctx.postscale_factor, process_set=ctx.process_set)
+        return grad, None, None, None, None, None
 
 
 class AllgatherFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, name: str | None) -> torch.Tensor:
+    def forward(ctx: Any, tensor: torch.Tensor, name: str | None, process_set: ProcessSet) -> torch.Tensor:
         ctx.rows = tensor.shape[0] if tensor.dim() else 1
         ctx.input_shape = tensor.shape
-        return collectives.synchronize(collectives.allgather_async(tensor, name))
+        ctx.process_set = process_set
+        return collectives.synchronize(collectives.allgather_async(tensor, name, process_set))
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        averaged = collectives.allreduce(grad_output, op=ReduceOp.AVERAGE)
-        rows = collectives.allgather(torch.tensor([ctx.rows], dtype=torch.int64))
-        offset = int(rows[: context.current().topology.rank].sum().item())
-        return averaged.narrow(0, offset, ctx.rows).reshape(ctx.input_shape), None
+        averaged = collectives.allreduce(grad_output, op=ReduceOp.AVERAGE, process_set=ctx.process_set)
+        rows = collectives.allgather(torch.tensor([ctx.rows], dtype=torch.int64), process_set=ctx.process_set)
+        offset = int(rows[: ctx.process_set.rank()].sum().item())
+        return averaged.narrow(0, offset, ctx.rows).reshape(ctx.input_shape), None, None
 
 
 class BroadcastFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: str | None) -> torch.Tensor:
-        ctx.root_rank = root_rank
-        return collectives.synchronize(collectives.broadcast_async(tensor, root_rank, name))
+    def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: str | None,
+                process_set: ProcessSet) -> torch.Tensor:
+        ctx.root_rank, ctx.process_set = root_rank, process_set
+        return collectives.synchronize(collectives.broadcast_async(tensor, root_rank, name, process_set))
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        averaged = collectives.allreduce(grad_output, op=ReduceOp.AVERAGE)
-        if context.current().topology.rank != ctx.root_rank:
+        averaged = collectives.allreduce(grad_output, op=ReduceOp.AVERAGE, process_set=ctx.process_set)
+        if ctx.process_set.ranks[ctx.process_set.rank()] != ctx.root_rank:
             averaged = torch.zeros_like(averaged)
-        return averaged, None, None
+        return averaged, None, None, None
+
+
+class AlltoallFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, splits: Any, name: str | None,
+                process_set: ProcessSet) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.process_set = process_set
+        output, received = collectives.synchronize(collectives.alltoall_async(tensor, splits, name, process_set))
+        ctx.received = received
+        ctx.mark_non_differentiable(received)
+        return output, received
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor, _grad_received: Any) -> tuple[torch.Tensor | None, ...]:
+        handle = collectives.alltoall_async(grad_output.contiguous(), ctx.received, process_set=ctx.process_set)
+        grad, _ = collectives.synchronize(handle)
+        return grad, None, None, None
+
+
+class ReducescatterFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, name: str | None, op: ReduceOp, process_set: ProcessSet,
+                prescale_factor: float, postscale_factor: float) -> torch.Tensor:
+        ctx.op, ctx.process_set = op, process_set
+        ctx.scale = prescale_factor * postscale_factor
+        handle = collectives.reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor)
+        return collectives.synchronize(handle)
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        gathered = collectives.allgather(grad_output.contiguous(), process_set=ctx.process_set)
+        if ctx.op is ReduceOp.AVERAGE:
+            gathered = gathered / ctx.process_set.size()
+        if ctx.scale != 1.0:
+            gathered = gathered * ctx.scale
+        return gathered, None, None, None, None, None
 
 
 def needs_autograd(tensor: torch.Tensor) -> bool:

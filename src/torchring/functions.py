@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from .collectives import allgather, auto_name, broadcast_, broadcast_async_, synchronize
+from .collectives import allgather, broadcast_, broadcast_async_, synchronize
+from .handles import auto_name
 from .runtime import context
 
 

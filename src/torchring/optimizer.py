@@ -2,7 +2,9 @@
 
 Each parameter gets a hook that fires when its gradient has been accumulated; the hook submits an
 asynchronous in-place allreduce of that gradient, so communication overlaps the rest of backward.
-``step()`` waits for the outstanding allreduces (submitting zeros for parameters that got no gradient
+A sparse gradient (``nn.Embedding(sparse=True)``) is densified first with ``sparse_as_dense=True``;
+otherwise every rank's indices and values are allgathered and summed into a sparse tensor.
+``step()`` waits for the outstanding reductions (submitting zeros for parameters that got no gradient
 on this rank, so no rank waits forever) and then runs the wrapped optimizer's step.
 """
 
@@ -11,17 +13,29 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from .basics import size
-from .collectives import allreduce_async_
+from .collectives import allgather_async, allreduce_async_
 from .collectives import synchronize as wait_handle
 from .compression import Compression, Compressor
 from .reduction import Average, ReduceOp, resolve_op
 
 _Param = torch.nn.Parameter
+_SPARSE_OPS = (ReduceOp.AVERAGE, ReduceOp.SUM)
+
+
+@dataclass(frozen=True)
+class _SparseReduction:
+    """The two allgathers that reduce one sparse gradient, and what rebuilding the sum needs."""
+
+    indices: int
+    values: int
+    shape: torch.Size
+    compression_ctx: Any
 
 
 def _validate_named_parameters(named_parameters: Sequence[Any], params: list[torch.Tensor]) -> dict[Any, str]:
@@ -81,7 +95,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.sparse_as_dense = sparse_as_dense
         self.backward_passes_per_step = backward_passes_per_step
         self._params = [p for p in params if p.requires_grad]
-        self._handles: dict[torch.Tensor, tuple[int | None, Any]] = {}
+        self._handles: dict[torch.Tensor, tuple[int | _SparseReduction | None, Any]] = {}
+        self._sparse_dims: dict[torch.Tensor, int] = {}
         self._allreduce_delay = {p: backward_passes_per_step for p in self._params}
         self._groups = _split_groups(groups, self._params)
         self._group_of = {p: index for index, group in enumerate(self._groups) for p in group}
@@ -116,10 +131,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._handles[param] = self._allreduce_gradient(param)
         self._group_ready.pop(group, None)
 
-    def _allreduce_gradient(self, param: torch.Tensor) -> tuple[int, Any]:
+    def _allreduce_gradient(self, param: torch.Tensor) -> tuple[int | _SparseReduction, Any]:
         if param.grad is None:  # another rank computed it: contribute zeros so nobody waits forever
-            param.grad = torch.zeros_like(param)
+            param.grad = self._zero_gradient(param)
         if param.grad.is_sparse:
+            if not self.sparse_as_dense:
+                return self._sparse_allgather(param), None
             param.grad = param.grad.to_dense()
         compressed, ctx = self._compression.compress(param.grad)
         prescale = postscale = 1.0
@@ -128,6 +145,40 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         handle = allreduce_async_(compressed, name=self._parameter_names[param], op=self.op,
                                   prescale_factor=prescale, postscale_factor=postscale)
         return handle, ctx
+
+    def _zero_gradient(self, param: torch.Tensor) -> torch.Tensor:
+        """Zeros for a gradient this rank did not compute, sparse if the gradient was sparse before.
+
+        A sparse contribution keeps this rank's request names in line with ranks whose gradient is
+        sparse; only parameters seen with a sparse gradient in an earlier step can be recognised.
+        """
+        sparse_dim = self._sparse_dims.get(param)
+        if sparse_dim is None or self.sparse_as_dense:
+            return torch.zeros_like(param)
+        indices = torch.empty((sparse_dim, 0), dtype=torch.int64, device=param.device)
+        values = param.new_empty((0, *param.shape[sparse_dim:]))
+        return torch.sparse_coo_tensor(indices, values, param.shape, check_invariants=True)
+
+    def _sparse_allgather(self, param: torch.Tensor) -> _SparseReduction:
+        """Start allgathering the indices and values of ``param``'s sparse gradient from every rank."""
+        name = self._parameter_names[param]
+        if self.op not in _SPARSE_OPS:
+            raise ValueError(f"op={self.op.name.capitalize()} is not defined for sparse gradients (parameter "
+                             f"'{name}'); use op=Average or op=Sum, or sparse_as_dense=True to reduce them as "
+                             "dense tensors.")
+        grad = param.grad.coalesce()
+        self._sparse_dims[param] = grad.sparse_dim()
+        values, ctx = self._compression.compress(grad.values())
+        return _SparseReduction(indices=allgather_async(grad.indices().t().contiguous(), name=f"{name}.indices"),
+                                values=allgather_async(values, name=f"{name}.values"),
+                                shape=grad.shape, compression_ctx=ctx)
+
+    def _sparse_result(self, reduction: _SparseReduction) -> torch.Tensor:
+        """The sum (``op=Sum``) or average of all ranks' sparse gradients, as a coalesced COO tensor."""
+        indices = wait_handle(reduction.indices).t()
+        values = self._compression.decompress(wait_handle(reduction.values), reduction.compression_ctx)
+        total = torch.sparse_coo_tensor(indices, values, reduction.shape, check_invariants=True).coalesce()
+        return total / size() if self.op is ReduceOp.AVERAGE else total
 
     # ---- public API -----------------------------------------------------------------------------
 
@@ -144,9 +195,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 else:
                     self._handles[param] = self._allreduce_gradient(param)
         for param, (handle, ctx) in list(self._handles.items()):
-            output = self._compression.decompress(wait_handle(handle), ctx)
-            if output is not param.grad:
-                param.grad.copy_(output)
+            if isinstance(handle, _SparseReduction):
+                param.grad = self._sparse_result(handle)
+            else:
+                output = self._compression.decompress(wait_handle(handle), ctx)
+                if output is not param.grad:
+                    param.grad.copy_(output)
             self._allreduce_delay[param] = self.backward_passes_per_step
         self._handles.clear()
         self._synchronized = True
@@ -207,6 +261,12 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     timelines; ``backward_passes_per_step`` accumulates locally before reducing; ``groups`` reduces
     the listed parameters together; ``gradient_predivide_factor`` splits the averaging before and after
     the sum.
+
+    Sparse gradients are densified and allreduced with ``sparse_as_dense=True``. Otherwise each one is
+    reduced by allgathering its indices and values (``<name>.indices``, ``<name>.values``) and the
+    result replaces ``p.grad`` as a coalesced sparse tensor: the sum for ``op=Sum``, divided by
+    ``size()`` for ``op=Average``; other ops raise ``ValueError``. A parameter's gradient must be
+    sparse on every rank or on none.
     """
     resolved = resolve_op(op, None)
     if gradient_predivide_factor != 1.0 and resolved is not ReduceOp.AVERAGE:

@@ -19,6 +19,7 @@ from ..store_keys import peer_failure_key
 from .control import ControlChannel
 from .engine import Engine, EngineSettings
 from .executor import DataGroups, Executor
+from .process_set_table import ProcessSetTable
 from .topology import Topology, exchange_topology
 from .wakeup import LocalWaker, StoreWaker, Waker
 
@@ -33,9 +34,10 @@ class Runtime:
     topology: Topology
     store: dist.Store
     control_group: dist.ProcessGroup | None
-    data_groups: DataGroups
+    process_sets: ProcessSetTable
     engine: Engine
     generation: int
+    dynamic_process_sets: bool
 
 
 _lock = threading.RLock()
@@ -82,6 +84,7 @@ def _engine_settings() -> EngineSettings:
         cycle_time_s=config.float_setting("CYCLE_TIME", 1.0) / 1000.0,
         stall_check_enabled=not config.bool_setting("STALL_CHECK_DISABLE", False),
         stall_warning_s=config.float_setting("STALL_CHECK_TIME_SECONDS", 60.0),
+        stall_shutdown_s=config.float_setting("STALL_SHUTDOWN_TIME_SECONDS", 0.0),
     )
 
 
@@ -120,15 +123,31 @@ def _wait_for_all_ranks(store: dist.Store, prefix: str, rank: int, size: int) ->
         ) from None
 
 
-def init() -> None:
+def _group_factory(store: dist.Store, prefix: str) -> Callable[[int, tuple[int, ...], int], DataGroups]:
+    """Creates the Gloo (and NCCL) groups of a process set; called by its members only."""
+
+    def make(process_set: int, members: tuple[int, ...], set_rank: int) -> DataGroups:
+        base = f"{prefix}/set{process_set}"
+        size = len(members)
+        cpu = None
+        if size > 1:
+            cpu = dist.ProcessGroupGloo(dist.PrefixStore(f"{base}/gloo", store), set_rank, size, collective_timeout())
+        return DataGroups(cpu=cpu, cuda=_cuda_group(dist.PrefixStore(f"{base}/nccl", store), set_rank, size))
+
+    return make
+
+
+def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets: bool = False) -> list[int]:
     """Join the job: discover ranks, rendezvous, create the process groups and start the engine.
 
-    Calling it again while initialised does nothing; after ``shutdown()`` it starts a fresh rendezvous.
+    ``process_sets`` lists the member ranks of extra process sets every rank creates now; their ids
+    are returned in order. Calling it again while initialised does nothing; after ``shutdown()`` it
+    starts a fresh rendezvous.
     """
     global _runtime, _generation, _atexit_registered
     with _lock:
         if _runtime is not None:
-            return
+            return []
         environment = detect_environment()
         info = environment.rank_info()
         if not 0 <= info.rank < info.size:
@@ -148,20 +167,27 @@ def init() -> None:
         data_groups = DataGroups(
             cpu=data_group, cuda=_cuda_group(dist.PrefixStore(f"{prefix}/nccl", store), info.rank, info.size)
         )
+        table = ProcessSetTable(info.rank, info.size, data_groups, _group_factory(store, prefix))
+        for members in process_sets or []:
+            if not members or any(not 0 <= r < info.size for r in members):
+                raise ValueError(f"process set ranks {list(members)} must be ranks of this job (size {info.size})")
+        process_set_ids = [table.add(members) for members in process_sets or []]
         control = ControlChannel(control_group, info.rank, info.size)
         topology = exchange_topology(info, control)
         waker: Waker = LocalWaker()
         if info.size > 1:
             assert rendezvous.host is not None and rendezvous.port is not None
             waker = StoreWaker(rendezvous.host, rendezvous.port, f"{prefix}/wake/", start_timeout())
-        engine = Engine(info.rank, info.size, control, Executor(data_groups, info.rank, info.size), waker,
+        engine = Engine(info.rank, info.size, control, Executor(table, info.rank), table, waker,
                         _engine_settings(), _peer_failure_reporter(environment, store, info.rank))
         engine.start()
-        _runtime = Runtime(environment, topology, store, control_group, data_groups, engine, _generation)
+        _runtime = Runtime(environment, topology, store, control_group, table, engine, _generation,
+                           dynamic_process_sets)
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True
         logger.debug("torchring initialised: %s via %s", topology, environment.name)
+        return process_set_ids
 
 
 def shutdown() -> None:
@@ -172,12 +198,9 @@ def shutdown() -> None:
     if runtime is None:
         return
     runtime.engine.shutdown(timeout=collective_timeout().total_seconds() + 5)
-    for group in (runtime.control_group, runtime.data_groups.cpu, runtime.data_groups.cuda):
-        if group is not None and hasattr(group, "shutdown"):
-            try:
-                group.shutdown()
-            except Exception:  # noqa: BLE001 - a group whose peer is gone may refuse a clean shutdown
-                pass
+    for groups in runtime.process_sets.all_groups():
+        groups.shutdown()
+    DataGroups(runtime.control_group).shutdown()
 
 
 def is_initialized() -> bool:

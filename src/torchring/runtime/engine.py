@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from ..exceptions import HorovodInternalError, TensorMismatchError
 from .control import ControlChannel
 from .executor import Executor
-from .negotiation import Negotiator, PendingEntry, Response
-from .requests import Request, RequestMeta
+from .negotiation import Negotiator, PendingEntry, RequestKey, Response
+from .process_set_table import ProcessSetTable
+from .requests import OpType, Request, RequestMeta
 from .wakeup import Waker
 
 logger = logging.getLogger("torchring")
@@ -37,6 +38,8 @@ class Announcement:
     shutting_down: bool
     #: The last idle epoch this rank's wake-up listener has finished with (its key may then go).
     listened_epoch: int = -1
+    #: Set by rank 0 when requests stalled past the shutdown time: every rank stops with this text.
+    stall_abort: str = ""
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,8 @@ class EngineSettings:
     cycle_time_s: float = 0.001
     stall_check_enabled: bool = True
     stall_warning_s: float = 60.0
+    #: 0: never; otherwise requests stalled this long stop the job on every rank with an error.
+    stall_shutdown_s: float = 0.0
 
 
 class Engine:
@@ -57,6 +62,7 @@ class Engine:
         size: int,
         control: ControlChannel,
         executor: Executor,
+        process_sets: ProcessSetTable,
         waker: Waker,
         settings: EngineSettings,
         report_peer_failure: Callable[[str], None] | None = None,
@@ -65,19 +71,21 @@ class Engine:
         self.size = size
         self._control = control
         self._executor = executor
+        self._process_sets = process_sets
         self._waker = waker
         self._settings = settings
         self._report_peer_failure = report_peer_failure
-        self._negotiator = Negotiator(size)
+        self._negotiator = Negotiator(size, process_sets.members)
         self._cond = threading.Condition()
         self._queue: list[Request] = []
-        self._inflight: dict[str, Request] = {}
+        self._inflight: dict[RequestKey, Request] = {}
         self._shutdown_requested = False
         self._woken_epoch = -1
         self._forgotten_epoch = -1
         self._failure: BaseException | None = None
         self._stopped_by: list[int] = []
         self._last_stall_check = 0.0
+        self._stall_abort = ""
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"torchring-engine-{rank}", daemon=True)
 
@@ -88,16 +96,23 @@ class Engine:
 
     def submit(self, request: Request) -> None:
         """Queue ``request``; raise at once for a duplicate name or a stopped engine."""
-        name = request.meta.name
+        self.submit_many([request])
+
+    def submit_many(self, requests: list[Request]) -> None:
+        """Queue ``requests`` together (all or none), so they are negotiated in the same cycle."""
+        keys = [request.meta.key for request in requests]
         with self._cond:
             self._raise_if_stopped()
-            if name in self._inflight:
+            duplicates = [key for key in keys if key in self._inflight] or [
+                key for index, key in enumerate(keys) if key in keys[:index]]
+            if duplicates:
                 raise ValueError(
-                    f"Duplicate tensor name '{name}': an operation with this name is still in progress "
-                    "on this rank. Wait for it (synchronize) or give the new operation another name."
+                    f"Duplicate tensor name '{duplicates[0][1]}': an operation with this name is still in "
+                    "progress on this rank. Wait for it (synchronize) or give the new operation another name."
                 )
-            self._inflight[name] = request
-            self._queue.append(request)
+            for key, request in zip(keys, requests, strict=True):
+                self._inflight[key] = request
+            self._queue.extend(requests)
             self._cond.notify()
 
     def shutdown(self, timeout: float) -> None:
@@ -135,13 +150,18 @@ class Engine:
                 else:
                     new_requests, shutting_down = self._wait_for_cycle()
                 announcement = Announcement(
-                    tuple(r.meta for r in new_requests), shutting_down, self._woken_epoch
+                    tuple(r.meta for r in new_requests), shutting_down, self._woken_epoch, self._stall_abort
                 )
                 announcements = self._exchange(announcement)
                 responses = self._negotiate(announcements)
                 for response in responses:
                     self._perform(response)
                 self._inspect_stalls()
+                abort = next((a.stall_abort for a in announcements if a.stall_abort), "")
+                if abort:
+                    self._failure = HorovodInternalError(abort)
+                    self._fail_all(self._failure)
+                    return
                 stopping_ranks = [r for r, a in enumerate(announcements) if a.shutting_down]
                 if stopping_ranks:
                     self._stopped_by = stopping_ranks
@@ -188,7 +208,8 @@ class Engine:
     def _wait_while_idle(self, epoch: int) -> tuple[list[Request], bool]:
         self._waker.listen(epoch, self._on_remote_wake)
         with self._cond:
-            while not self._queue and not self._shutdown_requested and self._woken_epoch < epoch:
+            while (not self._queue and not self._shutdown_requested and not self._stall_abort
+                   and self._woken_epoch < epoch):
                 self._cond.wait(self._stall_check_interval())
                 self._inspect_stalls()
             woken_remotely = self._woken_epoch >= epoch
@@ -221,17 +242,39 @@ class Engine:
         return self._negotiator.take_ready()
 
     def _perform(self, response: Response) -> None:
-        with self._cond:
-            request = self._inflight[response.name]
-        if response.error is not None:
-            self._finish(request, error=TensorMismatchError(response.error))
+        if self.rank not in response.members and response.members:
             return
-        result = self._executor.execute(response, request)
-        self._finish(request, result=result)
+        with self._cond:
+            request = self._inflight.get(response.key)
+        if response.error is not None:
+            if request is not None:
+                kind = ValueError if response.error_kind == "invalid" else TensorMismatchError
+                self._finish(request, error=kind(response.error))
+            return
+        op_type = response.op_type
+        if op_type is OpType.JOIN:
+            result: object = response.last_joined
+        elif op_type in (OpType.ADD_PROCESS_SET, OpType.REMOVE_PROCESS_SET):
+            try:
+                result = self._change_process_sets(response)
+            except ValueError as error:
+                if request is not None:
+                    self._finish(request, error=error)
+                return
+        else:
+            result = self._executor.execute(response, request)
+        if request is not None:
+            self._finish(request, result=result)
+
+    def _change_process_sets(self, response: Response) -> object:
+        meta = response.template
+        if response.op_type is OpType.ADD_PROCESS_SET:
+            return self._process_sets.add(meta.splits)
+        return self._process_sets.remove(meta.root_rank)
 
     def _finish(self, request: Request, result: object = None, error: BaseException | None = None) -> None:
         with self._cond:
-            self._inflight.pop(request.meta.name, None)
+            self._inflight.pop(request.meta.key, None)
         request.handle.complete(result, error)
 
     def _fail_all(self, error: BaseException) -> None:
@@ -252,10 +295,19 @@ class Engine:
 
     # ---- stall inspector --------------------------------------------------------------------------
 
+    def _stall_lines(self, entries: list[tuple[RequestKey, PendingEntry]]) -> list[str]:
+        lines = []
+        for key, entry in entries:
+            missing = self._negotiator.missing_ranks(key, entry)
+            where = f" (process set {key[0]})" if key[0] else ""
+            lines.append(f"  {key[1]}{where}: waiting for ranks {missing} (ready on {sorted(entry.metas)})")
+        return lines
+
     def _stall_check_interval(self) -> float:
         if not self._settings.stall_check_enabled:
             return 3600.0
-        return max(1.0, min(self._settings.stall_warning_s / 4, 30.0))
+        limits = [self._settings.stall_warning_s, self._settings.stall_shutdown_s or float("inf")]
+        return max(1.0, min(min(limits) / 4, 30.0))
 
     def _inspect_stalls(self) -> None:
         if not self._settings.stall_check_enabled or self.rank != 0:
@@ -265,18 +317,24 @@ class Engine:
             return
         self._last_stall_check = now
         threshold = self._settings.stall_warning_s
-        stalled: list[tuple[str, PendingEntry]] = [
-            (name, entry)
-            for name, entry in self._negotiator.pending.items()
+        pending = self._negotiator.pending.items()
+        stalled: list[tuple[RequestKey, PendingEntry]] = [
+            (key, entry) for key, entry in pending
             if now - entry.first_seen > threshold and now - entry.stall_reported_at > threshold
         ]
+        shutdown_after = self._settings.stall_shutdown_s
+        if shutdown_after > 0:
+            expired = [(key, entry) for key, entry in pending if now - entry.first_seen > shutdown_after]
+            if expired:
+                self._stall_abort = (
+                    f"torchring stopped: operations waited more than {shutdown_after:.0f}s for other ranks "
+                    f"(HOROVOD_STALL_SHUTDOWN_TIME_SECONDS):\n" + "\n".join(self._stall_lines(expired))
+                )
         if not stalled:
             return
-        lines = []
-        for name, entry in stalled:
+        for _, entry in stalled:
             entry.stall_reported_at = now
-            missing = self._negotiator.missing_ranks(entry)
-            lines.append(f"  {name}: waiting for ranks {missing} (ready on {sorted(entry.metas)})")
+        lines = self._stall_lines(stalled)
         logger.warning(
             "One or more tensors were submitted to be reduced, gathered or broadcasted by a subset of "
             "ranks and have been waiting for more than %.0f seconds. This may indicate that different "

@@ -1,19 +1,24 @@
 """The data plane: runs a negotiated response on this rank's tensors with torch.distributed groups.
 
-CPU tensors go through a Gloo group, CUDA tensors through an NCCL group; both are created at init.
+CPU tensors go through a Gloo group, CUDA tensors through an NCCL group, each per process set.
+A member that has joined (``hvd.join()``) has no request of its own: it takes part with zeros
+shaped like the other ranks' tensors.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from ..reduction import ReduceOp
 from .negotiation import Response
-from .requests import OpType, Request
+from .requests import OpType, Request, RequestMeta
+
+if TYPE_CHECKING:
+    from .process_set_table import ProcessSetTable
 
 _C10D_REDUCE_OPS = {
     ReduceOp.AVERAGE: dist.ReduceOp.SUM,
@@ -26,13 +31,13 @@ _C10D_REDUCE_OPS = {
 
 @dataclass
 class DataGroups:
-    """The process groups that move tensor data, one per device kind."""
+    """The process groups that move tensor data for one process set, one per device kind."""
 
     cpu: dist.ProcessGroup | None
     cuda: dist.ProcessGroup | None = None
 
     def for_device(self, device: str, size: int) -> dist.ProcessGroup | None:
-        """The group for tensors on ``device``; None only in a job of one rank without such a group."""
+        """The group for tensors on ``device``; None only in a set of one rank without such a group."""
         group = self.cuda if device == "cuda" else self.cpu
         if group is None and size > 1:
             raise RuntimeError(
@@ -40,6 +45,15 @@ class DataGroups:
                 "move the tensor to the CPU or install a CUDA build of torch"
             )
         return group
+
+    def shutdown(self) -> None:
+        """Release the groups (a group whose peer is gone may refuse; that is fine here)."""
+        for group in (self.cpu, self.cuda):
+            if group is not None and hasattr(group, "shutdown"):
+                try:
+                    group.shutdown()
+                except Exception:  # noqa: BLE001
+                    pass
 
 
 def _scale(tensor: torch.Tensor, factor: float) -> None:
@@ -56,71 +70,98 @@ def _wire_view(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.view(torch.uint8) if tensor.dtype == torch.bool else tensor
 
 
+def _zeros_like_meta(meta: RequestMeta, first_dim: int | None = None) -> torch.Tensor:
+    shape = meta.shape if first_dim is None else (first_dim, *meta.shape[1:])
+    device = "cuda" if meta.device == "cuda" else "cpu"
+    if device == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
+    return torch.zeros(shape, dtype=getattr(torch, meta.dtype), device=device)
+
+
+def scatter_rows(rows: int, size: int) -> list[int]:
+    """How reducescatter splits ``rows`` over ``size`` ranks: as evenly as possible, extras first."""
+    return [rows // size + (1 if r < rows % size else 0) for r in range(size)]
+
+
 class Executor:
-    """Carries out responses on this rank; every rank calls ``execute`` with the same responses in order."""
+    """Carries out responses on this rank; every member calls ``execute`` with the same responses in order."""
 
-    def __init__(self, groups: DataGroups, rank: int, size: int) -> None:
-        self.groups = groups
+    def __init__(self, process_sets: ProcessSetTable, rank: int) -> None:
+        self.process_sets = process_sets
         self.rank = rank
-        self.size = size
 
-    def execute(self, response: Response, request: Request) -> Any:
-        """Run ``response`` on ``request``'s buffer and return the operation's result."""
+    def execute(self, response: Response, request: Request | None) -> Any:
+        """Run ``response`` (``request`` is None when this rank joined) and return the result."""
         op_type = response.op_type
         if op_type is OpType.BARRIER:
             return None
-        buffer = request.buffer
-        assert buffer is not None
-        if buffer.is_cuda:
-            with torch.cuda.device(buffer.device):
-                if request.ready_event is not None:
+        buffer = request.buffer if request is not None else None
+        device = response.template.device
+        if device == "cuda":
+            with torch.cuda.device(buffer.device if buffer is not None else torch.cuda.current_device()):
+                if request is not None and request.ready_event is not None:
                     torch.cuda.current_stream().wait_event(request.ready_event)
                 result = self._run(op_type, response, buffer)
                 torch.cuda.current_stream().synchronize()
                 return result
         return self._run(op_type, response, buffer)
 
-    def _run(self, op_type: OpType, response: Response, buffer: torch.Tensor) -> torch.Tensor:
+    def _run(self, op_type: OpType, response: Response, buffer: torch.Tensor | None) -> Any:
+        size = len(response.members)
+        group = self.process_sets.groups(response.process_set).for_device(response.template.device, size)
         if op_type is OpType.ALLREDUCE:
-            return self._allreduce(response, buffer)
+            return self._allreduce(response, buffer, group, size)
         if op_type is OpType.BROADCAST:
-            return self._broadcast(response, buffer)
+            return self._broadcast(response, buffer, group)
         if op_type is OpType.ALLGATHER:
-            return self._allgather(response, buffer)
+            return self._allgather(response, buffer, group, size)
+        if op_type is OpType.ALLTOALL:
+            return self._alltoall(response, buffer, group)
+        if op_type is OpType.REDUCESCATTER:
+            return self._reducescatter(response, buffer, group, size)
         raise AssertionError(f"unknown operation {op_type}")
 
-    def _allreduce(self, response: Response, buffer: torch.Tensor) -> torch.Tensor:
-        meta = response.metas[self.rank]
+    @staticmethod
+    def _reduce(buffer: torch.Tensor, meta: RequestMeta, group: dist.ProcessGroup | None, size: int) -> None:
         op = ReduceOp(meta.reduce_op)
         _scale(buffer, meta.prescale_factor)
-        group = self.groups.for_device(meta.device, self.size)
         if group is not None:
             options = dist.AllreduceOptions()
             options.reduceOp = _C10D_REDUCE_OPS[op]
             group.allreduce([buffer], options).wait()
         if op is ReduceOp.AVERAGE:
             if buffer.dtype.is_floating_point or buffer.dtype.is_complex:
-                buffer.div_(self.size)
+                buffer.div_(size)
             else:
-                buffer.floor_divide_(self.size)
+                buffer.floor_divide_(size)
         _scale(buffer, meta.postscale_factor)
+
+    def _allreduce(self, response: Response, buffer: torch.Tensor | None, group: dist.ProcessGroup | None,
+                   size: int) -> torch.Tensor:
+        if buffer is None:
+            buffer = _zeros_like_meta(response.template)
+        self._reduce(buffer, response.template, group, size)
         return buffer
 
-    def _broadcast(self, response: Response, buffer: torch.Tensor) -> torch.Tensor:
-        meta = response.metas[self.rank]
-        group = self.groups.for_device(meta.device, self.size)
+    def _broadcast(self, response: Response, buffer: torch.Tensor | None,
+                   group: dist.ProcessGroup | None) -> torch.Tensor:
+        meta = response.template
+        if buffer is None:
+            buffer = _zeros_like_meta(meta)
         if group is not None:
             options = dist.BroadcastOptions()
-            options.rootRank = meta.root_rank
+            options.rootRank = self.process_sets.set_rank(response.process_set, meta.root_rank)
             group.broadcast([_wire_view(buffer)], options).wait()
         return buffer
 
-    def _allgather(self, response: Response, buffer: torch.Tensor) -> torch.Tensor:
-        meta = response.metas[self.rank]
-        first_dims = [m.shape[0] for m in response.metas]
+    def _allgather(self, response: Response, buffer: torch.Tensor | None, group: dist.ProcessGroup | None,
+                   size: int) -> torch.Tensor:
+        meta = response.template
+        if buffer is None:
+            buffer = _zeros_like_meta(meta, first_dim=0)
+        first_dims = [response.metas[r].shape[0] if r in response.metas else 0 for r in response.members]
         rest = tuple(buffer.shape[1:])
         output = buffer.new_empty((sum(first_dims), *rest))
-        group = self.groups.for_device(meta.device, self.size)
         if group is None:
             output.copy_(buffer)
             return output
@@ -130,10 +171,34 @@ class Executor:
         width = max(first_dims)
         padded = buffer.new_zeros((width, *rest))
         padded[: buffer.shape[0]].copy_(buffer)
-        gathered = buffer.new_empty((self.size * width, *rest))
+        gathered = buffer.new_empty((size * width, *rest))
         group._allgather_base(_wire_view(gathered), _wire_view(padded)).wait()
         offset = 0
-        for rank, rows in enumerate(first_dims):
-            output[offset:offset + rows].copy_(gathered[rank * width:rank * width + rows])
+        for index, rows in enumerate(first_dims):
+            output[offset:offset + rows].copy_(gathered[index * width:index * width + rows])
             offset += rows
         return output
+
+    def _alltoall(self, response: Response, buffer: torch.Tensor | None,
+                  group: dist.ProcessGroup | None) -> tuple[torch.Tensor, torch.Tensor]:
+        assert buffer is not None
+        me = self.process_sets.set_rank(response.process_set)
+        send = list(response.metas[self.rank].splits)
+        received = [response.metas[r].splits[me] for r in response.members]
+        output = buffer.new_empty((sum(received), *buffer.shape[1:]))
+        if group is None:
+            output.copy_(buffer)
+        else:
+            group.alltoall_base(_wire_view(output), _wire_view(buffer), received, send,
+                                dist.AllToAllOptions()).wait()
+        return output, torch.tensor(received, dtype=torch.int32)
+
+    def _reducescatter(self, response: Response, buffer: torch.Tensor | None, group: dist.ProcessGroup | None,
+                       size: int) -> torch.Tensor:
+        assert buffer is not None
+        meta = response.template
+        rows = scatter_rows(buffer.shape[0], size)
+        me = self.process_sets.set_rank(response.process_set)
+        offset = sum(rows[:me])
+        self._reduce(buffer, meta, group, size)
+        return buffer[offset:offset + rows[me]].clone()

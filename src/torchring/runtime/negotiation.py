@@ -3,6 +3,9 @@
 Every cycle each rank contributes the requests it submitted since the last cycle; all ranks receive
 all contributions and apply them in rank order, so every rank computes the same table and the same
 list of ready responses, in the same order, without a coordinator.
+
+A request of process set S is ready once every member of S has submitted it, or has joined
+(``hvd.join()``): a joined rank takes part with zeros. Requests of a group are released together.
 """
 
 from __future__ import annotations
@@ -14,10 +17,12 @@ from dataclasses import dataclass, field
 from ..reduction import ReduceOp
 from .requests import OpType, RequestMeta
 
+RequestKey = tuple[int, str]
+
 
 @dataclass
 class PendingEntry:
-    """A name some ranks have submitted and others not yet."""
+    """A request some ranks have submitted and others not yet."""
 
     metas: dict[int, RequestMeta] = field(default_factory=dict)
     first_seen: float = field(default_factory=time.monotonic)
@@ -26,21 +31,37 @@ class PendingEntry:
 
 @dataclass(frozen=True)
 class Response:
-    """A request every rank has submitted: run it (or, when ``error`` is set, fail it) everywhere."""
+    """A request every member has submitted (or joined for): run it, or fail it with ``error``, everywhere."""
 
     name: str
-    metas: tuple[RequestMeta, ...]
+    process_set: int
+    members: tuple[int, ...]
+    #: The metadata of each submitting rank (joined members have none).
+    metas: dict[int, RequestMeta]
     error: str | None = None
+    #: What the error is: "mismatch" (ranks disagree) or "invalid" (a bad request, raised as ValueError).
+    error_kind: str = "mismatch"
+    #: For a finished join: the last rank to join.
+    last_joined: int = -1
 
     @property
     def op_type(self) -> OpType:
-        return self.metas[0].op_type
+        return next(iter(self.metas.values())).op_type
+
+    @property
+    def key(self) -> RequestKey:
+        return (self.process_set, self.name)
+
+    @property
+    def template(self) -> RequestMeta:
+        """The metadata of the lowest submitting rank (the shape joined ranks take part with)."""
+        return self.metas[min(self.metas)]
 
 
-def _describe_by_rank(values: Sequence[object]) -> str:
-    """'rank 0 sent X, rank 1 sent Y' with ranks that sent the same value grouped together."""
+def _describe_by_rank(values: Sequence[tuple[int, object]]) -> str:
+    """'rank 0 sent X; rank 1 sent Y' with ranks that sent the same value grouped together."""
     groups: dict[str, list[int]] = {}
-    for rank, value in enumerate(values):
+    for rank, value in values:
         groups.setdefault(str(value), []).append(rank)
     parts = []
     for value, ranks in groups.items():
@@ -53,65 +74,128 @@ def _shape_text(shape: tuple[int, ...]) -> str:
     return "[" + ", ".join(map(str, shape)) + "]"
 
 
-def _mismatch(what: str, name: str, values: Sequence[object]) -> str:
-    return f"Mismatched {what} for tensor '{name}': {_describe_by_rank(values)}."
+_SHAPE_CHECKS: dict[OpType, list[tuple[str, Callable[[RequestMeta], object]]]] = {
+    OpType.ALLREDUCE: [
+        ("reduction ops", lambda m: ReduceOp(m.reduce_op).name),
+        ("tensor shapes", lambda m: _shape_text(m.shape)),
+        ("prescale factors", lambda m: m.prescale_factor),
+        ("postscale factors", lambda m: m.postscale_factor),
+    ],
+    OpType.REDUCESCATTER: [
+        ("reduction ops", lambda m: ReduceOp(m.reduce_op).name),
+        ("tensor shapes", lambda m: _shape_text(m.shape)),
+        ("prescale factors", lambda m: m.prescale_factor),
+        ("postscale factors", lambda m: m.postscale_factor),
+    ],
+    OpType.BROADCAST: [
+        ("root ranks", lambda m: m.root_rank),
+        ("tensor shapes", lambda m: _shape_text(m.shape)),
+    ],
+    OpType.ALLGATHER: [
+        ("tensor ranks (number of dimensions)", lambda m: len(m.shape)),
+        ("tensor shapes beyond the first dimension", lambda m: _shape_text(m.shape[1:])),
+    ],
+    OpType.ALLTOALL: [
+        ("tensor ranks (number of dimensions)", lambda m: len(m.shape)),
+        ("tensor shapes beyond the first dimension", lambda m: _shape_text(m.shape[1:])),
+    ],
+    OpType.ADD_PROCESS_SET: [("process set ranks", lambda m: str(list(m.splits)))],
+    OpType.REMOVE_PROCESS_SET: [("process set ids", lambda m: m.root_rank)],
+}
 
 
-def check_consistency(name: str, metas: Sequence[RequestMeta]) -> str | None:
-    """The error text when ranks disagree on the request named ``name``, else None."""
-    checks: list[tuple[str, Callable[[RequestMeta], object]]] = [
-        ("operations", lambda m: m.op_type.value),
-    ]
-    op_type = metas[0].op_type
-    if op_type is not OpType.BARRIER:
+def check_consistency(name: str, metas: dict[int, RequestMeta]) -> str | None:
+    """The error text when the submitting ranks disagree on request ``name``, else None."""
+    ranks = sorted(metas)
+    checks: list[tuple[str, Callable[[RequestMeta], object]]] = [("operations", lambda m: m.op_type.value)]
+    op_type = metas[ranks[0]].op_type
+    if op_type not in (OpType.BARRIER, OpType.JOIN, OpType.ADD_PROCESS_SET, OpType.REMOVE_PROCESS_SET):
         checks += [("data types", lambda m: m.dtype), ("devices", lambda m: m.device)]
-    if op_type is OpType.ALLREDUCE:
-        checks += [
-            ("reduction ops", lambda m: ReduceOp(m.reduce_op).name),
-            ("tensor shapes", lambda m: _shape_text(m.shape)),
-            ("prescale factors", lambda m: m.prescale_factor),
-            ("postscale factors", lambda m: m.postscale_factor),
-        ]
-    elif op_type is OpType.BROADCAST:
-        checks += [
-            ("root ranks", lambda m: m.root_rank),
-            ("tensor shapes", lambda m: _shape_text(m.shape)),
-        ]
-    elif op_type is OpType.ALLGATHER:
-        checks += [
-            ("tensor ranks (number of dimensions)", lambda m: len(m.shape)),
-            ("tensor shapes beyond the first dimension", lambda m: _shape_text(m.shape[1:])),
-        ]
+    checks += _SHAPE_CHECKS.get(op_type, [])
+    checks.append(("group sizes", lambda m: m.group_size))
     for what, key in checks:
-        values = [key(m) for m in metas]
-        if len(set(values)) > 1:
-            return _mismatch(f"{op_type.value} {what}" if what != "operations" else what, name, values)
+        values = [(rank, key(metas[rank])) for rank in ranks]
+        if len({value for _, value in values}) > 1:
+            label = what if what in ("operations", "group sizes") else f"{op_type.value} {what}"
+            return f"Mismatched {label} for tensor '{name}': {_describe_by_rank(values)}."
     return None
 
 
 class Negotiator:
-    """Accumulates every rank's announcements and releases the requests ready on all ranks."""
+    """Accumulates every rank's announcements and releases the requests ready on all members."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, members_of: Callable[[int], tuple[int, ...] | None]) -> None:
         self.size = size
-        self.pending: dict[str, PendingEntry] = {}
+        self.members_of = members_of
+        self.pending: dict[RequestKey, PendingEntry] = {}
+        #: Ranks that called join(), in the order they joined.
+        self.joined: list[int] = []
 
     def record(self, rank: int, metas: Sequence[RequestMeta]) -> None:
         """Note that ``rank`` submitted ``metas``."""
         for meta in metas:
-            self.pending.setdefault(meta.name, PendingEntry()).metas[rank] = meta
+            self.pending.setdefault(meta.key, PendingEntry()).metas[rank] = meta
+            if meta.op_type is OpType.JOIN and rank not in self.joined:
+                self.joined.append(rank)
 
     def take_ready(self) -> list[Response]:
-        """Remove and return the requests every rank has submitted, ordered by rank 0's submission order."""
-        ready_names = [name for name, entry in self.pending.items() if len(entry.metas) == self.size]
-        ready_names.sort(key=lambda name: self.pending[name].metas[0].seq)
-        responses = []
-        for name in ready_names:
-            entry = self.pending.pop(name)
-            metas = tuple(entry.metas[rank] for rank in range(self.size))
-            responses.append(Response(name, metas, check_consistency(name, metas)))
-        return responses
+        """Remove and return the ready requests, in an order every rank computes alike."""
+        ready: list[Response] = []
+        for key, entry in self.pending.items():
+            response = self._response_if_ready(key, entry)
+            if response is not None:
+                ready.append(response)
+        ready = self._hold_incomplete_groups(ready)
+        ready.sort(key=lambda r: (r.template.seq, min(r.metas), r.process_set, r.name))
+        for response in ready:
+            del self.pending[response.key]
+            if response.op_type is OpType.JOIN and response.error is None:
+                self.joined.clear()
+        return ready
 
-    def missing_ranks(self, entry: PendingEntry) -> list[int]:
-        """Ranks that have not yet submitted ``entry``."""
-        return [rank for rank in range(self.size) if rank not in entry.metas]
+    def _response_if_ready(self, key: RequestKey, entry: PendingEntry) -> Response | None:
+        process_set, name = key
+        members = self.members_of(process_set)
+        if members is None:
+            return Response(name, process_set, (), dict(entry.metas),
+                            f"Process set {process_set} of tensor '{name}' does not exist (removed?).", "invalid")
+        submitted = set(entry.metas)
+        first = entry.metas[min(submitted)]
+        if first.op_type is OpType.JOIN:
+            if not submitted >= set(members):
+                return None
+            return Response(name, process_set, members, dict(entry.metas), last_joined=self.joined[-1])
+        joined = set(self.joined) & set(members)
+        if not submitted | joined >= set(members):
+            return None
+        error = check_consistency(name, entry.metas)
+        kind = "mismatch"
+        if error is None and joined - submitted:
+            error, kind = self._joined_error(name, first, sorted(joined - submitted))
+        return Response(name, process_set, members, dict(entry.metas), error, kind)
+
+    @staticmethod
+    def _joined_error(name: str, meta: RequestMeta, joined: list[int]) -> tuple[str | None, str]:
+        if meta.op_type in (OpType.ALLREDUCE, OpType.ALLGATHER, OpType.BARRIER):
+            return None, "mismatch"
+        if meta.op_type is OpType.BROADCAST and meta.root_rank not in joined:
+            return None, "mismatch"
+        return (f"{meta.op_type.value} '{name}' cannot run: rank(s) {joined} already joined "
+                "(after join() a rank only takes part in allreduce, allgather and broadcast)."), "invalid"
+
+    def _hold_incomplete_groups(self, ready: list[Response]) -> list[Response]:
+        """Keep back the ready members of a group until the whole group is ready."""
+        counts: dict[tuple[int, str], int] = {}
+        for response in ready:
+            if response.template.group:
+                group_key = (response.process_set, response.template.group)
+                counts[group_key] = counts.get(group_key, 0) + 1
+        return [
+            r for r in ready
+            if not r.template.group or counts[(r.process_set, r.template.group)] >= r.template.group_size
+        ]
+
+    def missing_ranks(self, key: RequestKey, entry: PendingEntry) -> list[int]:
+        """Members that have neither submitted ``entry`` nor joined."""
+        members = self.members_of(key[0]) or ()
+        return [rank for rank in members if rank not in entry.metas and rank not in self.joined]

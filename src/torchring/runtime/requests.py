@@ -16,7 +16,16 @@ class OpType(str, Enum):
     ALLREDUCE = "allreduce"
     ALLGATHER = "allgather"
     BROADCAST = "broadcast"
+    ALLTOALL = "alltoall"
+    REDUCESCATTER = "reducescatter"
     BARRIER = "barrier"
+    JOIN = "join"
+    ADD_PROCESS_SET = "add_process_set"
+    REMOVE_PROCESS_SET = "remove_process_set"
+
+
+#: Operations that move tensor data (the others only synchronise or change the engine's state).
+DATA_OPS = frozenset({OpType.ALLREDUCE, OpType.ALLGATHER, OpType.BROADCAST, OpType.ALLTOALL, OpType.REDUCESCATTER})
 
 
 @dataclass(frozen=True)
@@ -32,8 +41,20 @@ class RequestMeta:
     root_rank: int = -1
     prescale_factor: float = 1.0
     postscale_factor: float = 1.0
-    #: This rank's submission counter; rank 0's value orders requests that become ready together.
+    #: The process set the request runs in (0: every rank).
+    process_set: int = 0
+    #: Alltoall: rows sent to each rank of the process set. Process set changes: the member ranks.
+    splits: tuple[int, ...] = ()
+    #: Grouped operations: the group's name and number of requests; the group runs as one unit.
+    group: str = ""
+    group_size: int = 0
+    #: This rank's submission counter; it orders requests that become ready together.
     seq: int = 0
+
+    @property
+    def key(self) -> tuple[int, str]:
+        """Requests are identified by process set and name."""
+        return (self.process_set, self.name)
 
 
 class Handle:

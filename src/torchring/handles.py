@@ -1,0 +1,152 @@
+"""Submitting requests to the engine and the integer handles users ``poll`` and ``synchronize``."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import torch
+
+from .runtime import context
+from .runtime.requests import Handle, Request, RequestMeta
+
+SUPPORTED_DTYPES = frozenset({
+    torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+    torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool,
+})
+
+
+class Completion(Protocol):
+    def done(self) -> bool: ...
+
+    def wait(self) -> Any: ...
+
+
+class GroupHandle:
+    """The completion of several requests submitted as one group: done when all are."""
+
+    def __init__(self, handles: Sequence[Handle]) -> None:
+        self.handles = list(handles)
+
+    def done(self) -> bool:
+        return all(handle.done() for handle in self.handles)
+
+    def wait(self) -> list[Any]:
+        return [handle.wait() for handle in self.handles]
+
+
+class _HandleTable:
+    """Integer handles of in-flight operations, and what to do with each result."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counter = itertools.count()
+        self._entries: dict[int, tuple[Completion, Callable[[Any], Any]]] = {}
+        self._names: dict[str, itertools.count] = {}
+        self._seq = itertools.count()
+
+    def add(self, completion: Completion, finish: Callable[[Any], Any]) -> int:
+        with self._lock:
+            number = next(self._counter)
+            self._entries[number] = (completion, finish)
+        return number
+
+    def get(self, number: int) -> tuple[Completion, Callable[[Any], Any]] | None:
+        with self._lock:
+            return self._entries.get(number)
+
+    def pop(self, number: int) -> None:
+        with self._lock:
+            self._entries.pop(number, None)
+
+    def auto_name(self, kind: str, process_set: int = 0) -> str:
+        with self._lock:
+            counter = self._names.setdefault(f"{kind}@{process_set}", itertools.count())
+            return f"{kind}.noname.{next(counter)}"
+
+    def next_seq(self) -> int:
+        return next(self._seq)
+
+    def reset_names(self) -> None:
+        with self._lock:
+            self._names.clear()
+
+
+_table = _HandleTable()
+
+
+def auto_name(kind: str, process_set: int = 0) -> str:
+    """``<kind>.noname.<n>``, numbered per process set: the same sequence on every member that submits
+    the same unnamed operations in that set."""
+    return _table.auto_name(kind, process_set)
+
+
+def reset_auto_names() -> None:
+    """Restart automatic names, so that every rank numbers a fresh initialisation alike."""
+    _table.reset_names()
+
+
+def check_tensor(tensor: torch.Tensor, in_place: bool) -> None:
+    """Refuse what the collectives cannot carry, with a message saying what to do."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"tensors of dtype {tensor.dtype} are not supported by torchring collectives")
+    if tensor.is_sparse:
+        raise ValueError("sparse tensors are not supported here; convert with tensor.to_dense()")
+    if in_place and not tensor.is_contiguous():
+        raise ValueError("in-place operations need a contiguous tensor; call tensor.contiguous() first")
+
+
+def _ready_event(tensor: torch.Tensor | None) -> Any:
+    if tensor is None or not tensor.is_cuda:
+        return None
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(tensor.device))
+    return event
+
+
+MetaFactory = Callable[[str, int], RequestMeta]
+
+
+def make_request(meta_for: MetaFactory, kind: str, name: str | None, buffer: torch.Tensor | None,
+                 process_set: int = 0) -> Request:
+    """A request named ``name`` (or automatically) with this rank's next submission number."""
+    return Request(meta_for(name or auto_name(kind, process_set), _table.next_seq()), buffer, _ready_event(buffer))
+
+
+def submit(meta_for: MetaFactory, kind: str, name: str | None, buffer: torch.Tensor | None,
+           finish: Callable[[Any], Any] = lambda result: result, process_set: int = 0) -> int:
+    """Queue one request to the engine and return its handle."""
+    request = make_request(meta_for, kind, name, buffer, process_set)
+    context.current().engine.submit(request)
+    return _table.add(request.handle, finish)
+
+
+def submit_group(requests: Sequence[Request], finish: Callable[[list[Any]], Any]) -> int:
+    """Queue requests that run as one unit and return one handle for all of them."""
+    engine = context.current().engine
+    engine.submit_many(list(requests))
+    return _table.add(GroupHandle([r.handle for r in requests]), finish)
+
+
+def poll(handle: int) -> bool:
+    """True when the operation behind ``handle`` has finished (``synchronize`` will not block)."""
+    entry = _table.get(handle)
+    if entry is None:
+        raise ValueError(f"handle {handle} was not created or has already been synchronized")
+    return entry[0].done()
+
+
+def synchronize(handle: int) -> Any:
+    """Wait for the operation behind ``handle`` and return its output (raises if it failed)."""
+    entry = _table.get(handle)
+    if entry is None:
+        return None
+    completion, finish = entry
+    try:
+        return finish(completion.wait())
+    finally:
+        _table.pop(handle)

@@ -14,6 +14,8 @@ from .basics import (
     rank,
     shutdown,
     size,
+    start_timeline,
+    stop_timeline,
 )
 from .capabilities import (
     ccl_built,
@@ -133,5 +135,7 @@ __all__ = [
     "rocm_built",
     "shutdown",
     "size",
+    "start_timeline",
+    "stop_timeline",
     "synchronize",
 ]

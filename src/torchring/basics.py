@@ -40,6 +40,16 @@ shutdown = context.shutdown
 is_initialized = context.is_initialized
 
 
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Record a Chrome-trace timeline of every operation into ``file_path`` (written by rank 0)."""
+    context.start_timeline(file_path, mark_cycles)
+
+
+def stop_timeline() -> None:
+    """Stop recording the timeline; the file is left as valid JSON."""
+    context.stop_timeline()
+
+
 def size() -> int:
     """Number of ranks in the job."""
     return context.current().topology.size

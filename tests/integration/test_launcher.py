@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sys
 import time
 
 import pytest
@@ -164,3 +165,23 @@ def test_given_port_becomes_master_port():
                      "import os; print(os.environ['MASTER_PORT'])")
     assert result.returncode == 0
     assert result.lines("stdout", 0) == [str(port)]
+
+
+def test_tuning_flags_become_variables_of_every_rank():
+    result = run_job("run", "-np", "2", "--fusion-threshold-mb", "32", "--cycle-time-ms", "2.5", "--cache-capacity",
+                     "0", "--no-stall-check", "--stall-check-warning-time-seconds", "9", "--log-level", "debug",
+                     "python", "-c", "import os; print(sorted((k, v) for k, v in os.environ.items() "
+                     "if k.startswith('TORCHRING_') and k[10:] in ('FUSION_THRESHOLD', 'CYCLE_TIME', "
+                     "'CACHE_CAPACITY', 'STALL_CHECK_DISABLE', 'STALL_CHECK_TIME_SECONDS', 'LOG_LEVEL')))")
+    assert result.returncode == 0, result.stderr
+    expected = str(sorted([("TORCHRING_FUSION_THRESHOLD", str(32 * 1024 * 1024)), ("TORCHRING_CYCLE_TIME", "2.5"),
+                           ("TORCHRING_CACHE_CAPACITY", "0"), ("TORCHRING_STALL_CHECK_DISABLE", "1"),
+                           ("TORCHRING_STALL_CHECK_TIME_SECONDS", "9.0"), ("TORCHRING_LOG_LEVEL", "DEBUG")]))
+    assert result.lines("stdout", 0) == [expected] and result.lines("stdout", 1) == [expected]
+
+
+def test_bad_tuning_value_fails_at_init_naming_the_variable():
+    result = run_job("run", "-np", "1", sys.executable, "-c", "import torchring as hvd; hvd.init()",
+                     env={"HOROVOD_CYCLE_TIME": "fast"})
+    assert result.returncode != 0
+    assert "HOROVOD_CYCLE_TIME" in result.stderr

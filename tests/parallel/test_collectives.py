@@ -202,3 +202,17 @@ def test_broadcast_gradient_goes_to_the_root_only(rank, size):
     tensor = torch.ones(4, requires_grad=True)
     hvd.broadcast(tensor, root_rank=0, name="grad.broadcast").sum().backward()
     assert torch.equal(tensor.grad, torch.ones(4) if rank == 0 else torch.zeros(4))
+
+
+def test_start_and_stop_timeline_at_run_time(rank, tmp_path_factory):
+    import json
+
+    path = hvd.broadcast_object(str(tmp_path_factory.mktemp("timeline") / "t.json"), root_rank=0)
+    hvd.start_timeline(path)
+    hvd.allreduce(torch.ones(2), name="timed.tensor")
+    hvd.stop_timeline()
+    hvd.allreduce(torch.ones(2), name="untimed.tensor")
+    if rank == 0:
+        with open(path) as file:
+            names = {e["args"]["name"] for e in json.load(file) if e.get("name") == "process_name"}
+        assert "timed.tensor" in names and "untimed.tensor" not in names

@@ -13,7 +13,7 @@ import argparse
 import os
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..compat import SHIM_PATH
 from .hosts import HostSlots, HostSpecError, assign_ranks, is_local_host, parse_hostfile, parse_hosts
@@ -21,6 +21,7 @@ from .local import spawn_local
 from .output import OutputRelay
 from .rendezvous import RendezvousServer
 from .supervisor import Supervisor, Worker, report_failure
+from .tuning import add_tuning_arguments, tuning_environment
 from .worker_env import worker_environment
 
 
@@ -35,6 +36,8 @@ class RunConfig:
     ranks_to_show: frozenset[int] | None = None
     verbose: bool = False
     horovod_compat: bool = False
+    #: Variables every rank gets from the tuning flags.
+    tuning: dict[str, str] = field(default_factory=dict)
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,6 +54,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verbose", action="store_true", help="describe the launch")
     parser.add_argument("--horovod-compat", action="store_true",
                         help="let unchanged scripts 'import horovod.torch as hvd' and get torchring")
+    add_tuning_arguments(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
 
 
@@ -75,7 +79,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
             raise ValueError(f"--ranks {args.ranks!r}: expected rank numbers separated by commas") from None
     if not 0 <= args.port < 65536:
         raise ValueError(f"--port {args.port} is not a valid port")
-    return RunConfig(args.num_proc, hosts, command, args.port, ranks_to_show, args.verbose, args.horovod_compat)
+    return RunConfig(args.num_proc, hosts, command, args.port, ranks_to_show, args.verbose, args.horovod_compat,
+                     tuning_environment(args))
 
 
 def run_job(config: RunConfig) -> int:
@@ -94,7 +99,7 @@ def run_job(config: RunConfig) -> int:
                 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         for slot in assignments:
-            env = worker_environment(os.environ, slot, "127.0.0.1", server.port)
+            env = worker_environment({**os.environ, **config.tuning}, slot, "127.0.0.1", server.port)
             if config.horovod_compat:
                 env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SHIM_PATH), env.get("PYTHONPATH")) if p)
             process = spawn_local(config.command, env)

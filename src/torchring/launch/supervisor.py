@@ -146,8 +146,9 @@ def report_failure(failure: Failure, workers: Sequence[Worker], stream=None) -> 
     if failure.rank is None:
         print(f"torchring run: {failure.reason}; stopped all {len(workers)} ranks.", file=stream)
         return
-    print(f"torchring run: rank {failure.rank} (pid {failure.pid} on {failure.hostname}) {failure.reason}; "
-          f"stopped the other {others} rank{'s' if others != 1 else ''}.", file=stream)
+    stopped = f"; stopped the other {others} rank{'s' if others != 1 else ''}" if others else ""
+    print(f"torchring run: rank {failure.rank} (pid {failure.pid} on {failure.hostname}) {failure.reason}{stopped}.",
+          file=stream)
     for rank, ended, cause in failure.consequences:
         print(f"  rank {rank} {ended} as a consequence ({cause or 'no reason recorded'})", file=stream)
     worker = next(w for w in workers if w.rank == failure.rank)

@@ -20,6 +20,7 @@ from .control import ControlChannel
 from .engine import Engine, EngineSettings
 from .executor import DataGroups, Executor
 from .process_set_table import ProcessSetTable
+from .timeline import NullTimeline, TimelineWriter
 from .topology import Topology, exchange_topology
 from .wakeup import LocalWaker, StoreWaker, Waker
 
@@ -77,6 +78,39 @@ def _open_store(rendezvous: Rendezvous) -> dist.Store:
             f"torchring could not reach the rendezvous store at {rendezvous.host}:{rendezvous.port}: {error}. "
             "Check that the launcher (or rank 0) is running and that this address is reachable."
         ) from error
+
+
+_LOG_LEVELS = {"trace": logging.DEBUG, "debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+               "error": logging.ERROR, "fatal": logging.CRITICAL}
+
+
+def _apply_log_level() -> None:
+    """``HOROVOD_LOG_LEVEL`` (trace, debug, info, warning, error, fatal) sets torchring's logger level."""
+    raw = config.setting("LOG_LEVEL")
+    if raw is None:
+        return
+    level = _LOG_LEVELS.get(raw.strip().lower())
+    if level is None:
+        raise ValueError(f"HOROVOD_LOG_LEVEL={raw!r}: use one of {', '.join(_LOG_LEVELS)}")
+    logger.setLevel(level)
+
+
+def _check_tuning_settings() -> None:
+    """Validate the knobs the engine reads (a bad value is an error naming the variable)."""
+    if config.float_setting("FUSION_THRESHOLD", 128 * 1024 * 1024) < 0:
+        raise ValueError("HOROVOD_FUSION_THRESHOLD must be >= 0 bytes (0 turns fusion off)")
+    if config.float_setting("CACHE_CAPACITY", 1024) < 0:
+        raise ValueError("HOROVOD_CACHE_CAPACITY must be >= 0 (0 turns the response cache off)")
+    if config.float_setting("CYCLE_TIME", 1.0) < 0:
+        raise ValueError("HOROVOD_CYCLE_TIME must be >= 0 milliseconds")
+
+
+def _initial_timeline(rank: int) -> TimelineWriter | None:
+    """Rank 0's timeline when ``HOROVOD_TIMELINE`` names a file (``DYNAMIC``: none until start_timeline())."""
+    path = config.setting("TIMELINE")
+    if rank != 0 or path is None or path.upper() == "DYNAMIC":
+        return None
+    return TimelineWriter(path, mark_cycles=config.bool_setting("TIMELINE_MARK_CYCLES", False))
 
 
 def _engine_settings() -> EngineSettings:
@@ -148,6 +182,8 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
     with _lock:
         if _runtime is not None:
             return []
+        _apply_log_level()
+        _check_tuning_settings()
         environment = detect_environment()
         info = environment.rank_info()
         if not 0 <= info.rank < info.size:
@@ -180,6 +216,9 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
             waker = StoreWaker(rendezvous.host, rendezvous.port, f"{prefix}/wake/", start_timeout())
         engine = Engine(info.rank, info.size, control, Executor(table, info.rank), table, waker,
                         _engine_settings(), _peer_failure_reporter(environment, store, info.rank))
+        timeline = _initial_timeline(info.rank)
+        if timeline is not None:
+            engine.timeline = timeline
         engine.start()
         _runtime = Runtime(environment, topology, store, control_group, table, engine, _generation,
                            dynamic_process_sets)
@@ -201,6 +240,23 @@ def shutdown() -> None:
     for groups in runtime.process_sets.all_groups():
         groups.shutdown()
     DataGroups(runtime.control_group).shutdown()
+
+
+def start_timeline(path: str, mark_cycles: bool = False) -> None:
+    """Start (or restart in another file) rank 0's timeline while running; other ranks do nothing."""
+    runtime = current()
+    if runtime.topology.rank != 0:
+        return
+    previous = runtime.engine.timeline
+    runtime.engine.timeline = TimelineWriter(path, mark_cycles=mark_cycles)
+    previous.close()
+
+
+def stop_timeline() -> None:
+    """Stop and close rank 0's timeline; the file stays valid JSON."""
+    runtime = current()
+    previous, runtime.engine.timeline = runtime.engine.timeline, NullTimeline()
+    previous.close()
 
 
 def is_initialized() -> bool:

@@ -24,7 +24,8 @@ from .control import ControlChannel
 from .executor import Executor
 from .negotiation import Negotiator, PendingEntry, RequestKey, Response
 from .process_set_table import ProcessSetTable
-from .requests import OpType, Request, RequestMeta
+from .requests import DATA_OPS, OpType, Request, RequestMeta
+from .timeline import NullTimeline, TimelineWriter
 from .wakeup import Waker
 
 logger = logging.getLogger("torchring")
@@ -86,6 +87,8 @@ class Engine:
         self._stopped_by: list[int] = []
         self._last_stall_check = 0.0
         self._stall_abort = ""
+        #: Rank 0 records a Chrome-trace timeline when one is set (``HOROVOD_TIMELINE``, start_timeline()).
+        self.timeline: TimelineWriter | NullTimeline = NullTimeline()
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"torchring-engine-{rank}", daemon=True)
 
@@ -184,6 +187,7 @@ class Engine:
                 pass
         finally:
             self._waker.close()
+            self.timeline.close()
             self._stopped.set()
 
     def _note_peer_failure(self, reason: str) -> None:
@@ -237,9 +241,19 @@ class Engine:
         return [pickle.loads(payload) for payload in payloads]
 
     def _negotiate(self, announcements: list[Announcement]) -> list[Response]:
+        timeline = self.timeline
+        timeline.mark_cycle()
         for rank, announcement in enumerate(announcements):
+            if timeline.enabled:
+                for meta in announcement.metas:
+                    if meta.key not in self._negotiator.pending:
+                        timeline.negotiate_start(meta.name, meta.op_type.value)
+                    timeline.negotiate_rank_ready(meta.name, rank)
             self._negotiator.record(rank, announcement.metas)
-        return self._negotiator.take_ready()
+        responses = self._negotiator.take_ready()
+        for response in responses:
+            timeline.negotiate_end(response.name)
+        return responses
 
     def _perform(self, response: Response) -> None:
         if self.rank not in response.members and response.members:
@@ -262,9 +276,23 @@ class Engine:
                     self._finish(request, error=error)
                 return
         else:
-            result = self._executor.execute(response, request)
+            result = self._execute(response, request)
         if request is not None:
             self._finish(request, result=result)
+
+    def _execute(self, response: Response, request: Request | None) -> object:
+        timeline = self.timeline
+        if not timeline.enabled or response.op_type not in DATA_OPS:
+            return self._executor.execute(response, request)
+        meta = response.template
+        backend = "NCCL" if meta.device == "cuda" else "GLOO"
+        operation = response.op_type.value.upper()
+        timeline.op_start(response.name, response.op_type.value)
+        timeline.activity_start(response.name, f"{backend}_{operation}")
+        result = self._executor.execute(response, request)
+        timeline.activity_end(response.name)
+        timeline.op_end(response.name, meta.dtype, meta.shape)
+        return result
 
     def _change_process_sets(self, response: Response) -> object:
         meta = response.template

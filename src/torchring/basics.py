@@ -78,3 +78,8 @@ def cross_size() -> int:
 def cross_rank() -> int:
     """This host's index among the hosts that run a rank with this process's local rank."""
     return context.current().topology.cross_rank
+
+
+def is_homogeneous() -> bool:
+    """True when every host runs the same number of ranks."""
+    return context.current().topology.homogeneous

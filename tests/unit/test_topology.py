@@ -19,3 +19,8 @@ def test_uneven_hosts():
     everyone = [("a", None, None, None, None)] * 3 + [("b", None, None, None, None)]
     assert derive_topology(1, everyone).cross_size == 1
     assert derive_topology(3, everyone).cross_rank == 1 and derive_topology(3, everyone).cross_size == 2
+
+
+def test_homogeneity():
+    assert derive_topology(0, [("a", None, None, None, None)] * 2 + [("b", None, None, None, None)] * 2).homogeneous
+    assert not derive_topology(0, [("a", None, None, None, None)] * 3 + [("b", None, None, None, None)]).homogeneous

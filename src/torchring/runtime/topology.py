@@ -21,6 +21,8 @@ class Topology:
     cross_rank: int
     cross_size: int
     hostname: str
+    #: True when every host runs the same number of ranks.
+    homogeneous: bool = True
 
 
 def exchange_topology(info: RankInfo, control: ControlChannel) -> Topology:
@@ -46,4 +48,8 @@ def derive_topology(rank: int, everyone: list[tuple]) -> Topology:
         ]
         peers = [r for r in range(size) if local_ranks[r] == local_rank]
         cross_rank, cross_size = peers.index(rank), len(peers)
-    return Topology(rank, size, local_rank, local_size, cross_rank, cross_size, hostname)
+    per_host: dict[str, int] = {}
+    for name in hostnames:
+        per_host[name] = per_host.get(name, 0) + 1
+    homogeneous = len(set(per_host.values())) == 1
+    return Topology(rank, size, local_rank, local_size, cross_rank, cross_size, hostname, homogeneous)

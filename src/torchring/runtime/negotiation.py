@@ -142,7 +142,11 @@ class Negotiator:
         """Remove and return the ready requests, in an order every rank computes alike."""
         ready: list[Response] = []
         for key, entry in self.pending.items():
-            response = self._response_if_ready(key, entry)
+            try:
+                response = self._response_if_ready(key, entry)
+            except Exception as error:  # noqa: BLE001 - every rank fails the same request alike
+                response = Response(key[1], key[0], tuple(sorted(entry.metas)), dict(entry.metas),
+                                    f"torchring could not check request '{key[1]}': {error!r}", "invalid")
             if response is not None:
                 ready.append(response)
         ready = self._hold_incomplete_groups(ready)

@@ -159,3 +159,17 @@ def test_dynamic_process_sets(rank, size):
 def test_global_process_set_covers_every_rank(size):
     assert hvd.global_process_set.ranks == list(range(size))
     assert hvd.global_process_set.size() == size and hvd.global_process_set.included()
+
+
+def test_fused_allreduces_of_mixed_kinds_give_each_its_own_result(rank, size):
+    tensors = [torch.full((3,), float(rank)), torch.full((2, 2), float(rank), dtype=torch.float64),
+               torch.full((5,), rank, dtype=torch.int64), torch.full((4,), float(rank + 1))]
+    results = hvd.grouped_allreduce(tensors, op=hvd.Sum, name="fused.mixed")
+    total = sum(range(size))
+    assert torch.equal(results[0], torch.full((3,), float(total)))
+    assert torch.equal(results[1], torch.full((2, 2), float(total), dtype=torch.float64))
+    assert torch.equal(results[2], torch.full((5,), total, dtype=torch.int64))
+    assert torch.equal(results[3], torch.full((4,), float(total + size)))
+    averaged = hvd.grouped_allreduce([torch.full((2,), float(rank)), torch.full((7,), 2.0 * rank)])
+    assert torch.allclose(averaged[0], torch.full((2,), total / size))
+    assert torch.allclose(averaged[1], torch.full((7,), 2.0 * total / size))

@@ -119,6 +119,7 @@ def _engine_settings() -> EngineSettings:
         stall_check_enabled=not config.bool_setting("STALL_CHECK_DISABLE", False),
         stall_warning_s=config.float_setting("STALL_CHECK_TIME_SECONDS", 60.0),
         stall_shutdown_s=config.float_setting("STALL_SHUTDOWN_TIME_SECONDS", 0.0),
+        fusion_threshold=int(config.float_setting("FUSION_THRESHOLD", 128 * 1024 * 1024)),
     )
 
 

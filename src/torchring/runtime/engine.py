@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from ..exceptions import HorovodInternalError, TensorMismatchError
 from .control import ControlChannel
 from .executor import Executor
+from .fusion import plan_batches
 from .negotiation import Negotiator, PendingEntry, RequestKey, Response
 from .process_set_table import ProcessSetTable
 from .requests import DATA_OPS, OpType, Request, RequestMeta
@@ -52,6 +53,8 @@ class EngineSettings:
     stall_warning_s: float = 60.0
     #: 0: never; otherwise requests stalled this long stop the job on every rank with an error.
     stall_shutdown_s: float = 0.0
+    #: Bytes of allreduces packed into one collective (0: no fusion).
+    fusion_threshold: int = 128 * 1024 * 1024
 
 
 class Engine:
@@ -157,8 +160,11 @@ class Engine:
                 )
                 announcements = self._exchange(announcement)
                 responses = self._negotiate(announcements)
-                for response in responses:
-                    self._perform(response)
+                for batch in plan_batches(responses, self._settings.fusion_threshold):
+                    if len(batch) == 1:
+                        self._perform(batch[0])
+                    else:
+                        self._perform_fused(batch)
                 self._inspect_stalls()
                 abort = next((a.stall_abort for a in announcements if a.stall_abort), "")
                 if abort:
@@ -278,6 +284,21 @@ class Engine:
         else:
             result = self._execute(response, request)
         if request is not None:
+            self._finish(request, result=result)
+
+    def _perform_fused(self, batch: list[Response]) -> None:
+        """One allreduce for several tensors (every member has a request for each of them)."""
+        if self.rank not in batch[0].members:
+            return
+        with self._cond:
+            requests = [self._inflight[response.key] for response in batch]
+        timeline = self.timeline
+        backend = "NCCL" if batch[0].template.device == "cuda" else "GLOO"
+        for response in batch:
+            timeline.op_start(response.name, response.op_type.value)
+        results = self._executor.execute_fused(batch, requests, timeline, f"{backend}_ALLREDUCE")
+        for response, request, result in zip(batch, requests, results, strict=True):
+            timeline.op_end(response.name, response.template.dtype, response.template.shape)
             self._finish(request, result=result)
 
     def _execute(self, response: Response, request: Request | None) -> object:

@@ -7,6 +7,7 @@ shaped like the other ranks' tensors.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -78,6 +79,10 @@ def _zeros_like_meta(meta: RequestMeta, first_dim: int | None = None) -> torch.T
     return torch.zeros(shape, dtype=getattr(torch, meta.dtype), device=device)
 
 
+def _no_device() -> contextlib.AbstractContextManager[None]:
+    return contextlib.nullcontext()
+
+
 def scatter_rows(rows: int, size: int) -> list[int]:
     """How reducescatter splits ``rows`` over ``size`` ranks: as evenly as possible, extras first."""
     return [rows // size + (1 if r < rows % size else 0) for r in range(size)]
@@ -89,6 +94,55 @@ class Executor:
     def __init__(self, process_sets: ProcessSetTable, rank: int) -> None:
         self.process_sets = process_sets
         self.rank = rank
+        self._fusion_buffers: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+    def execute_fused(self, batch: list[Response], requests: list[Request], timeline: Any,
+                      backend_activity: str) -> list[torch.Tensor]:
+        """Reduce several allreduce requests of one kind (see ``fusion``) through one shared buffer."""
+        first = batch[0]
+        buffers = [request.buffer for request in requests]
+        assert all(buffer is not None for buffer in buffers)
+        total = sum(buffer.numel() for buffer in buffers)
+        fused = self._fusion_buffer(buffers[0], total)
+        names = [response.name for response in batch]
+        context = torch.cuda.device(buffers[0].device) if buffers[0].is_cuda else _no_device()
+        with context:
+            for request in requests:
+                if request.ready_event is not None:
+                    torch.cuda.current_stream().wait_event(request.ready_event)
+            self._activity(timeline, names, "MEMCPY_IN_FUSION_BUFFER")
+            offset = 0
+            for buffer in buffers:
+                fused[offset:offset + buffer.numel()].copy_(buffer.reshape(-1))
+                offset += buffer.numel()
+            self._activity(timeline, names, backend_activity)
+            size = len(first.members)
+            group = self.process_sets.groups(first.process_set).for_device(first.template.device, size)
+            self._reduce(fused[:total], first.template, group, size)
+            self._activity(timeline, names, "MEMCPY_OUT_FUSION_BUFFER")
+            offset = 0
+            for buffer in buffers:
+                buffer.reshape(-1).copy_(fused[offset:offset + buffer.numel()])
+                offset += buffer.numel()
+            if buffers[0].is_cuda:
+                torch.cuda.current_stream().synchronize()
+            for name in names:
+                timeline.activity_end(name)
+        return buffers
+
+    @staticmethod
+    def _activity(timeline: Any, names: list[str], activity: str) -> None:
+        for name in names:
+            timeline.activity_start(name, activity)
+
+    def _fusion_buffer(self, like: torch.Tensor, numel: int) -> torch.Tensor:
+        """A flat buffer of ``like``'s dtype and device with room for ``numel`` elements, reused across steps."""
+        key = (like.device, like.dtype)
+        buffer = self._fusion_buffers.get(key)
+        if buffer is None or buffer.numel() < numel:
+            buffer = torch.empty(numel, dtype=like.dtype, device=like.device)
+            self._fusion_buffers[key] = buffer
+        return buffer
 
     def execute(self, response: Response, request: Request | None) -> Any:
         """Run ``response`` (``request`` is None when this rank joined) and return the result."""

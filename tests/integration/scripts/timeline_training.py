@@ -19,4 +19,5 @@ for step in range(6):
     optimizer.zero_grad()
     model(torch.randn(4, 8)).sum().backward()
     optimizer.step()
+hvd.grouped_allreduce([torch.ones(3), torch.ones(5)], name="fused.pair")  # released together: one fused buffer
 print("trained")

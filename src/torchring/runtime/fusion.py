@@ -1,0 +1,67 @@
+"""Tensor fusion: which ready allreduces travel together in one buffer.
+
+Allreduces of the same process set, dtype, device, reduction op and scale factors are packed into
+one buffer up to the fusion threshold (``HOROVOD_FUSION_THRESHOLD`` bytes; 0 turns fusion off) and
+reduced with a single collective. The plan depends only on the negotiated responses, which every
+rank holds identically, so every member forms the same batches in the same order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .negotiation import Response
+from .requests import OpType
+
+FusionKey = tuple[int, str, str, int, float, float]
+
+
+def element_size(dtype: str) -> int:
+    """Bytes per element of a dtype named like ``float32``."""
+    return torch.empty((), dtype=getattr(torch, dtype)).element_size()
+
+
+def nbytes(response: Response) -> int:
+    meta = response.template
+    count = 1
+    for dim in meta.shape:
+        count *= dim
+    return count * element_size(meta.dtype)
+
+
+def _fusion_key(response: Response) -> FusionKey | None:
+    """The key of a response that may be fused, or None (errors, other ops, joined members)."""
+    if response.error is not None or response.op_type is not OpType.ALLREDUCE:
+        return None
+    if len(response.metas) != len(response.members):
+        return None
+    meta = response.template
+    return (response.process_set, meta.dtype, meta.device, meta.reduce_op, meta.prescale_factor,
+            meta.postscale_factor)
+
+
+def plan_batches(responses: Sequence[Response], threshold: int) -> list[list[Response]]:
+    """Split ``responses`` into batches to run in order; a batch of several is one fused allreduce.
+
+    Fusible responses join the open batch of their key (placed where its first member stood) while it
+    stays within ``threshold`` bytes; everything else runs alone, in its own place.
+    """
+    batches: list[list[Response]] = []
+    open_batches: dict[FusionKey, tuple[list[Response], int]] = {}
+    for response in responses:
+        key = _fusion_key(response) if threshold > 0 else None
+        if key is None:
+            batches.append([response])
+            continue
+        size = nbytes(response)
+        batch, used = open_batches.get(key, (None, 0))
+        if batch is not None and used + size <= threshold:
+            batch.append(response)
+            open_batches[key] = (batch, used + size)
+            continue
+        batch = [response]
+        batches.append(batch)
+        open_batches[key] = (batch, size)
+    return batches

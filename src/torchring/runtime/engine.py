@@ -128,10 +128,6 @@ class Engine:
             self._cond.notify()
         self._thread.join(timeout)
 
-    @property
-    def running(self) -> bool:
-        return not self._stopped.is_set()
-
     def _raise_if_stopped(self) -> None:
         if self._failure is not None:
             raise HorovodInternalError(str(self._failure)) from self._failure

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import Any
 
 
 def add_tuning_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,27 +24,27 @@ def add_tuning_arguments(parser: argparse.ArgumentParser) -> None:
                        type=str.upper, help="torchring's log level on every rank")
 
 
+#: (flag attribute, variable suffix, how the flag's value is written) for every tuning flag.
+_FLAG_VARIABLES: list[tuple[str, str, Callable[[Any], str]]] = [
+    ("fusion_threshold_mb", "FUSION_THRESHOLD", lambda megabytes: str(int(megabytes * 1024 * 1024))),
+    ("cycle_time_ms", "CYCLE_TIME", str),
+    ("cache_capacity", "CACHE_CAPACITY", str),
+    ("timeline_filename", "TIMELINE", str),
+    ("timeline_mark_cycles", "TIMELINE_MARK_CYCLES", lambda _: "1"),
+    ("no_stall_check", "STALL_CHECK_DISABLE", lambda _: "1"),
+    ("stall_check_warning_time_seconds", "STALL_CHECK_TIME_SECONDS", str),
+    ("stall_check_shutdown_time_seconds", "STALL_SHUTDOWN_TIME_SECONDS", str),
+    ("log_level", "LOG_LEVEL", str),
+]
+
+
 def tuning_environment(args: argparse.Namespace) -> dict[str, str]:
     """The ``TORCHRING_*`` variables for the tuning flags that were given (flags win over the environment)."""
+    if args.fusion_threshold_mb is not None and args.fusion_threshold_mb < 0:
+        raise ValueError("--fusion-threshold-mb must be >= 0")
     env: dict[str, str] = {}
-    if args.fusion_threshold_mb is not None:
-        if args.fusion_threshold_mb < 0:
-            raise ValueError("--fusion-threshold-mb must be >= 0")
-        env["TORCHRING_FUSION_THRESHOLD"] = str(int(args.fusion_threshold_mb * 1024 * 1024))
-    if args.cycle_time_ms is not None:
-        env["TORCHRING_CYCLE_TIME"] = str(args.cycle_time_ms)
-    if args.cache_capacity is not None:
-        env["TORCHRING_CACHE_CAPACITY"] = str(args.cache_capacity)
-    if args.timeline_filename:
-        env["TORCHRING_TIMELINE"] = args.timeline_filename
-    if args.timeline_mark_cycles:
-        env["TORCHRING_TIMELINE_MARK_CYCLES"] = "1"
-    if args.no_stall_check:
-        env["TORCHRING_STALL_CHECK_DISABLE"] = "1"
-    if args.stall_check_warning_time_seconds is not None:
-        env["TORCHRING_STALL_CHECK_TIME_SECONDS"] = str(args.stall_check_warning_time_seconds)
-    if args.stall_check_shutdown_time_seconds is not None:
-        env["TORCHRING_STALL_SHUTDOWN_TIME_SECONDS"] = str(args.stall_check_shutdown_time_seconds)
-    if args.log_level:
-        env["TORCHRING_LOG_LEVEL"] = args.log_level
+    for attribute, variable, written in _FLAG_VARIABLES:
+        value = getattr(args, attribute)
+        if value is not None and value is not False and value != "":
+            env[f"TORCHRING_{variable}"] = written(value)
     return env

@@ -90,6 +90,20 @@ def test_join_with_uneven_work(rank, size):
     assert hvd.join() == size - 1
 
 
+def test_allgather_and_broadcast_fail_while_a_rank_has_joined(rank, size):
+    if rank == 0:
+        last = hvd.join()
+    else:
+        # named: only these ranks submit them, so automatic names would drift apart from rank 0's
+        with pytest.raises(RuntimeError, match="join"):
+            hvd.allgather(torch.ones(2, 3), name="joined.gather")
+        with pytest.raises(RuntimeError, match="join"):
+            hvd.broadcast(torch.ones(3), root_rank=1, name="joined.broadcast")
+        last = hvd.join()
+    assert last != 0
+    assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == size
+
+
 def test_join_returns_the_same_value_everywhere(rank, size):
     last = hvd.join()
     assert hvd.allgather(torch.tensor([last])).tolist() == [last] * size

@@ -109,12 +109,15 @@ def test_joined_rank_lets_allreduce_run_and_join_returns_last_rank():
     assert table.joined == []
 
 
-def test_joined_rank_cannot_take_part_in_alltoall():
+def test_joined_rank_cannot_take_part_in_allgather_broadcast_or_alltoall():
     table = negotiator(2)
     table.record(1, [RequestMeta("join", OpType.JOIN)])
-    table.record(0, [RequestMeta("x", OpType.ALLTOALL, "float32", (2,), "cpu", splits=(1, 1))])
-    (response,) = table.take_ready()
-    assert response.error_kind == "invalid" and "already joined" in response.error
+    table.record(0, [RequestMeta("x", OpType.ALLTOALL, "float32", (2,), "cpu", splits=(1, 1)),
+                     RequestMeta("g", OpType.ALLGATHER, "float32", (2,), "cpu"),
+                     RequestMeta("b", OpType.BROADCAST, "float32", (2,), "cpu", root_rank=0)])
+    responses = table.take_ready()
+    assert len(responses) == 3
+    assert all(r.error_kind == "joined" and "already called join()" in r.error for r in responses)
 
 
 def test_group_is_released_only_when_complete():

@@ -264,8 +264,8 @@ class Engine:
             request = self._inflight.get(response.key)
         if response.error is not None:
             if request is not None:
-                kind = ValueError if response.error_kind == "invalid" else TensorMismatchError
-                self._finish(request, error=kind(response.error))
+                kinds = {"invalid": ValueError, "joined": HorovodInternalError}
+                self._finish(request, error=kinds.get(response.error_kind, TensorMismatchError)(response.error))
             return
         op_type = response.op_type
         if op_type is OpType.JOIN:

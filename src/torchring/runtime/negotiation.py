@@ -39,7 +39,8 @@ class Response:
     #: The metadata of each submitting rank (joined members have none).
     metas: dict[int, RequestMeta]
     error: str | None = None
-    #: What the error is: "mismatch" (ranks disagree) or "invalid" (a bad request, raised as ValueError).
+    #: What the error is: "mismatch" (ranks disagree), "joined" (a joined rank cannot take part; raised as
+    #: HorovodInternalError) or "invalid" (a bad request, raised as ValueError).
     error_kind: str = "mismatch"
     #: For a finished join: the last rank to join.
     last_joined: int = -1
@@ -180,12 +181,11 @@ class Negotiator:
 
     @staticmethod
     def _joined_error(name: str, meta: RequestMeta, joined: list[int]) -> tuple[str | None, str]:
-        if meta.op_type in (OpType.ALLREDUCE, OpType.ALLGATHER, OpType.BARRIER):
+        """Joined ranks take part in allreduces (with zeros) and barriers only, as in Horovod."""
+        if meta.op_type in (OpType.ALLREDUCE, OpType.BARRIER):
             return None, "mismatch"
-        if meta.op_type is OpType.BROADCAST and meta.root_rank not in joined:
-            return None, "mismatch"
-        return (f"{meta.op_type.value} '{name}' cannot run: rank(s) {joined} already joined "
-                "(after join() a rank only takes part in allreduce, allgather and broadcast)."), "invalid"
+        return (f"{meta.op_type.value} '{name}' cannot run: rank(s) {joined} already called join(); "
+                "after join() a rank only takes part in allreduce."), "joined"
 
     def _hold_incomplete_groups(self, ready: list[Response]) -> list[Response]:
         """Keep back the ready members of a group until the whole group is ready."""

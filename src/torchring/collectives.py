@@ -170,7 +170,12 @@ def _splits_list(splits: Sequence[int] | torch.Tensor | None, rows: int, size: i
             raise ValueError(f"alltoall without splits needs the first dimension ({rows}) to be divisible by "
                              f"the number of ranks ({size}); pass splits=")
         return [rows // size] * size
-    values = [int(v) for v in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
+    if isinstance(splits, torch.Tensor) and splits.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"splits must hold 32-bit (or 64-bit) integers, got a tensor of {splits.dtype}")
+    raw = splits.tolist() if isinstance(splits, torch.Tensor) else list(splits)
+    if any(isinstance(v, bool) or not isinstance(v, int) for v in raw):
+        raise ValueError(f"splits must be integers, got {raw}")
+    values = [int(v) for v in raw]
     if len(values) != size:
         raise ValueError(f"splits has {len(values)} entries; it needs one per rank of the process set ({size})")
     if any(v < 0 for v in values) or sum(values) != rows:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from . import collectives
+from . import collectives, grouped
 from .process_sets import ProcessSet
 from .reduction import ReduceOp
 
@@ -100,6 +100,24 @@ class ReducescatterFunction(torch.autograd.Function):
         if ctx.scale != 1.0:
             gathered = gathered * ctx.scale
         return gathered, None, None, None, None, None
+
+
+class GroupedAllreduceFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, op: ReduceOp, name: str | None, prescale_factor: float, postscale_factor: float,
+                process_set: ProcessSet, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.op, ctx.prescale_factor, ctx.postscale_factor = op, prescale_factor, postscale_factor
+        ctx.process_set = process_set
+        handle = grouped.grouped_allreduce_async(list(tensors), name=name, op=op, prescale_factor=prescale_factor,
+                                                 postscale_factor=postscale_factor, process_set=process_set)
+        return tuple(collectives.synchronize(handle))
+
+    @staticmethod
+    def backward(ctx: Any, *grad_outputs: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        grads = grouped.grouped_allreduce([g.contiguous() for g in grad_outputs], op=ctx.op,
+                                          prescale_factor=ctx.prescale_factor,
+                                          postscale_factor=ctx.postscale_factor, process_set=ctx.process_set)
+        return (None, None, None, None, None, *grads)
 
 
 def needs_autograd(tensor: torch.Tensor) -> bool:

@@ -65,10 +65,15 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = No
                       compression: type[Compressor] = Compression.none, op: int | None = None,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
-    """Allreduce ``tensors`` as one unit and return the results."""
+    """Allreduce ``tensors`` as one unit and return the results (differentiable, like ``allreduce``)."""
     compressed = [compression.compress(t) for t in tensors]
-    results = synchronize(grouped_allreduce_async([c for c, _ in compressed], average, name, op, prescale_factor,
-                                                  postscale_factor, process_set))
+    inputs = [c for c, _ in compressed]
+    if any(differentiable.needs_autograd(t) for t in inputs):
+        results = list(differentiable.GroupedAllreduceFunction.apply(
+            resolve_op(op, average), name, prescale_factor, postscale_factor, process_set, *inputs))
+    else:
+        results = synchronize(grouped_allreduce_async(inputs, average, name, op, prescale_factor, postscale_factor,
+                                                      process_set))
     return [compression.decompress(r, ctx) for r, (_, ctx) in zip(results, compressed, strict=True)]
 
 
@@ -131,3 +136,6 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = No
     results = synchronize(grouped_reducescatter_async([c for c, _ in compressed], name, op, process_set,
                                                       prescale_factor, postscale_factor))
     return [compression.decompress(r, ctx) for r, (_, ctx) in zip(results, compressed, strict=True)]
+
+
+from . import differentiable  # noqa: E402 - autograd wrappers build on the functions above

@@ -22,6 +22,21 @@ def test_alltoall_with_splits_returns_received_splits(rank, size):
     assert torch.equal(output, torch.cat([torch.full((rank + 1, 2), float(r)) for r in range(size)]))
 
 
+def test_alltoall_splits_must_be_integers(size):
+    with pytest.raises(ValueError, match="integers"):
+        hvd.alltoall(torch.ones(size), splits=torch.ones(size, dtype=torch.float32))
+    output, received = hvd.alltoall(torch.ones(size), splits=torch.ones(size, dtype=torch.int32))
+    assert received.dtype == torch.int32 and output.shape == (size,)
+
+
+def test_grouped_allreduce_is_differentiable(rank, size):
+    tensors = [torch.full((3,), float(rank), requires_grad=True), torch.ones(2, 2, requires_grad=True)]
+    results = hvd.grouped_allreduce(tensors, average=True)
+    for result in results:
+        result.backward(torch.ones_like(result))
+    assert torch.equal(tensors[0].grad, torch.ones(3)) and torch.equal(tensors[1].grad, torch.ones(2, 2))
+
+
 def test_alltoall_bad_splits_are_value_errors(size):
     with pytest.raises(ValueError, match="splits"):
         hvd.alltoall(torch.ones(size * 2), splits=[1] * (size + 1))

@@ -211,17 +211,26 @@ def alltoall(tensor: torch.Tensor, splits: Sequence[int] | torch.Tensor | None =
     return (output, received) if splits is not None else output
 
 
+def reducescatter_buffer(tensor: torch.Tensor) -> torch.Tensor:
+    """The private copy a reducescatter reduces (at least one dimension is needed to scatter)."""
+    check_tensor(tensor, in_place=False)
+    if tensor.dim() == 0:
+        raise ValueError("reducescatter needs a tensor with at least one dimension")
+    return tensor.detach().clone(memory_format=torch.contiguous_format)
+
+
+def reducescatter_meta(buffer: torch.Tensor, op: ReduceOp, prescale_factor: float, postscale_factor: float,
+                       process_set: int, **extra: Any) -> Callable[[str, int], RequestMeta]:
+    """The metadata factory of a reducescatter of ``buffer`` (shared with grouped reducescatter)."""
+    return _reduction_meta(OpType.REDUCESCATTER, buffer, op, prescale_factor, postscale_factor, process_set, **extra)
+
+
 def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: int = ReduceOp.AVERAGE,
                         process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                         postscale_factor: float = 1.0) -> int:
     """Start reducing ``tensor`` across ranks and keep this rank's part of dimension 0."""
-    check_tensor(tensor, in_place=False)
-    buffer = tensor.detach().clone(memory_format=torch.contiguous_format)
-    if buffer.dim() == 0:
-        raise ValueError("reducescatter needs a tensor with at least one dimension")
-    set_id = resolve(process_set)
-    meta = _reduction_meta(OpType.REDUCESCATTER, buffer, resolve_op(op, None), prescale_factor, postscale_factor,
-                           set_id)
+    buffer, set_id = reducescatter_buffer(tensor), resolve(process_set)
+    meta = reducescatter_meta(buffer, resolve_op(op, None), prescale_factor, postscale_factor, set_id)
     return submit(meta, "reducescatter", name, buffer, process_set=set_id)
 
 

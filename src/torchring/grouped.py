@@ -7,12 +7,18 @@ from typing import Any
 
 import torch
 
-from .collectives import allgather_meta, allgather_source, allreduce_meta
+from .collectives import (
+    allgather_meta,
+    allgather_source,
+    allreduce_meta,
+    reducescatter_buffer,
+    reducescatter_meta,
+)
 from .compression import Compression, Compressor
 from .handles import auto_name, check_tensor, make_request, submit_group, synchronize
 from .process_sets import ProcessSet, global_process_set, resolve
 from .reduction import ReduceOp, resolve_op
-from .runtime.requests import OpType, Request, RequestMeta, tensor_meta
+from .runtime.requests import Request, RequestMeta
 
 __all__ = [
     "grouped_allgather", "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_",
@@ -109,19 +115,11 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | Non
                                 prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
     """Start reduce-scattering ``tensors`` as one unit."""
     resolved, set_id = resolve_op(op, None), resolve(process_set)
-    buffers = []
-    for tensor in tensors:
-        check_tensor(tensor, in_place=False)
-        if tensor.dim() == 0:
-            raise ValueError("reducescatter needs tensors with at least one dimension")
-        buffers.append(tensor.detach().clone(memory_format=torch.contiguous_format))
+    buffers = [reducescatter_buffer(tensor) for tensor in tensors]
 
     def meta_for(buffer: torch.Tensor, group: str, count: int) -> Callable[[str, int], RequestMeta]:
-        def meta(n: str, seq: int) -> RequestMeta:
-            return tensor_meta(n, OpType.REDUCESCATTER, buffer, seq, reduce_op=int(resolved),
-                               prescale_factor=float(prescale_factor), postscale_factor=float(postscale_factor),
-                               process_set=set_id, group=group, group_size=count)
-        return meta
+        return reducescatter_meta(buffer, resolved, prescale_factor, postscale_factor, set_id, group=group,
+                                  group_size=count)
 
     return submit_group(_group_requests("grouped_reducescatter", name, buffers, meta_for, set_id),
                         lambda results: results)

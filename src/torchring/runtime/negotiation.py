@@ -75,19 +75,16 @@ def _shape_text(shape: tuple[int, ...]) -> str:
     return "[" + ", ".join(map(str, shape)) + "]"
 
 
+_REDUCTION_CHECKS: list[tuple[str, Callable[[RequestMeta], object]]] = [
+    ("reduction ops", lambda m: ReduceOp(m.reduce_op).name),
+    ("tensor shapes", lambda m: _shape_text(m.shape)),
+    ("prescale factors", lambda m: m.prescale_factor),
+    ("postscale factors", lambda m: m.postscale_factor),
+]
+
 _SHAPE_CHECKS: dict[OpType, list[tuple[str, Callable[[RequestMeta], object]]]] = {
-    OpType.ALLREDUCE: [
-        ("reduction ops", lambda m: ReduceOp(m.reduce_op).name),
-        ("tensor shapes", lambda m: _shape_text(m.shape)),
-        ("prescale factors", lambda m: m.prescale_factor),
-        ("postscale factors", lambda m: m.postscale_factor),
-    ],
-    OpType.REDUCESCATTER: [
-        ("reduction ops", lambda m: ReduceOp(m.reduce_op).name),
-        ("tensor shapes", lambda m: _shape_text(m.shape)),
-        ("prescale factors", lambda m: m.prescale_factor),
-        ("postscale factors", lambda m: m.postscale_factor),
-    ],
+    OpType.ALLREDUCE: _REDUCTION_CHECKS,
+    OpType.REDUCESCATTER: _REDUCTION_CHECKS,
     OpType.BROADCAST: [
         ("root ranks", lambda m: m.root_rank),
         ("tensor shapes", lambda m: _shape_text(m.shape)),

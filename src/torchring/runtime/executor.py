@@ -8,6 +8,7 @@ shaped like the other ranks' tensors.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -79,8 +80,19 @@ def _zeros_like_meta(meta: RequestMeta, first_dim: int | None = None) -> torch.T
     return torch.zeros(shape, dtype=getattr(torch, meta.dtype), device=device)
 
 
-def _no_device() -> contextlib.AbstractContextManager[None]:
-    return contextlib.nullcontext()
+@contextlib.contextmanager
+def _device_scope(device: str, buffer: torch.Tensor | None, requests: list[Request]) -> Iterator[None]:
+    """For CUDA work: run on the buffer's device after the submitting streams' events, and wait for the
+    result before returning (so that a completed handle means the data is there)."""
+    if device != "cuda":
+        yield
+        return
+    with torch.cuda.device(buffer.device if buffer is not None else torch.cuda.current_device()):
+        for request in requests:
+            if request.ready_event is not None:
+                torch.cuda.current_stream().wait_event(request.ready_event)
+        yield
+        torch.cuda.current_stream().synchronize()
 
 
 def scatter_rows(rows: int, size: int) -> list[int]:
@@ -102,32 +114,21 @@ class Executor:
         first = batch[0]
         buffers = [request.buffer for request in requests]
         assert all(buffer is not None for buffer in buffers)
-        total = sum(buffer.numel() for buffer in buffers)
-        fused = self._fusion_buffer(buffers[0], total)
+        sizes = [buffer.numel() for buffer in buffers]
+        fused = self._fusion_buffer(buffers[0], sum(sizes))[: sum(sizes)]
         names = [response.name for response in batch]
-        context = torch.cuda.device(buffers[0].device) if buffers[0].is_cuda else _no_device()
-        with context:
-            for request in requests:
-                if request.ready_event is not None:
-                    torch.cuda.current_stream().wait_event(request.ready_event)
+        with _device_scope(first.template.device, buffers[0], requests):
             self._activity(timeline, names, "MEMCPY_IN_FUSION_BUFFER")
-            offset = 0
-            for buffer in buffers:
-                fused[offset:offset + buffer.numel()].copy_(buffer.reshape(-1))
-                offset += buffer.numel()
+            torch.cat([buffer.reshape(-1) for buffer in buffers], out=fused)
             self._activity(timeline, names, backend_activity)
             size = len(first.members)
             group = self.process_sets.groups(first.process_set).for_device(first.template.device, size)
-            self._reduce(fused[:total], first.template, group, size)
+            self._reduce(fused, first.template, group, size)
             self._activity(timeline, names, "MEMCPY_OUT_FUSION_BUFFER")
-            offset = 0
-            for buffer in buffers:
-                buffer.reshape(-1).copy_(fused[offset:offset + buffer.numel()])
-                offset += buffer.numel()
-            if buffers[0].is_cuda:
-                torch.cuda.current_stream().synchronize()
-            for name in names:
-                timeline.activity_end(name)
+            for buffer, part in zip(buffers, fused.split(sizes), strict=True):
+                buffer.reshape(-1).copy_(part)
+        for name in names:
+            timeline.activity_end(name)
         return buffers
 
     @staticmethod
@@ -150,15 +151,8 @@ class Executor:
         if op_type is OpType.BARRIER:
             return None
         buffer = request.buffer if request is not None else None
-        device = response.template.device
-        if device == "cuda":
-            with torch.cuda.device(buffer.device if buffer is not None else torch.cuda.current_device()):
-                if request is not None and request.ready_event is not None:
-                    torch.cuda.current_stream().wait_event(request.ready_event)
-                result = self._run(op_type, response, buffer)
-                torch.cuda.current_stream().synchronize()
-                return result
-        return self._run(op_type, response, buffer)
+        with _device_scope(response.template.device, buffer, [request] if request is not None else []):
+            return self._run(op_type, response, buffer)
 
     def _run(self, op_type: OpType, response: Response, buffer: torch.Tensor | None) -> Any:
         size = len(response.members)

@@ -57,6 +57,12 @@ class EngineSettings:
     fusion_threshold: int = 128 * 1024 * 1024
 
 
+def _backend_activity(response: Response) -> str:
+    """The timeline name of the backend step, e.g. ``GLOO_ALLREDUCE`` or ``NCCL_BROADCAST``."""
+    backend = "NCCL" if response.template.device == "cuda" else "GLOO"
+    return f"{backend}_{response.op_type.value.upper()}"
+
+
 class Engine:
     """Runs collectives for one rank in a background thread."""
 
@@ -289,10 +295,9 @@ class Engine:
         with self._cond:
             requests = [self._inflight[response.key] for response in batch]
         timeline = self.timeline
-        backend = "NCCL" if batch[0].template.device == "cuda" else "GLOO"
         for response in batch:
             timeline.op_start(response.name, response.op_type.value)
-        results = self._executor.execute_fused(batch, requests, timeline, f"{backend}_ALLREDUCE")
+        results = self._executor.execute_fused(batch, requests, timeline, _backend_activity(batch[0]))
         for response, request, result in zip(batch, requests, results, strict=True):
             timeline.op_end(response.name, response.template.dtype, response.template.shape)
             self._finish(request, result=result)
@@ -302,10 +307,8 @@ class Engine:
         if not timeline.enabled or response.op_type not in DATA_OPS:
             return self._executor.execute(response, request)
         meta = response.template
-        backend = "NCCL" if meta.device == "cuda" else "GLOO"
-        operation = response.op_type.value.upper()
         timeline.op_start(response.name, response.op_type.value)
-        timeline.activity_start(response.name, f"{backend}_{operation}")
+        timeline.activity_start(response.name, _backend_activity(response))
         result = self._executor.execute(response, request)
         timeline.activity_end(response.name)
         timeline.op_end(response.name, meta.dtype, meta.shape)

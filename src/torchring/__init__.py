@@ -4,6 +4,7 @@ Use it as ``import torchring as hvd``: ``hvd.init()``, ``hvd.DistributedOptimize
 ``hvd.broadcast_parameters`` and the collectives behave as Horovod documents them.
 """
 
+from . import elastic  # hvd.elastic.run, hvd.elastic.TorchState, ...)
 from .basics import (
     cross_rank,
     cross_size,
@@ -108,6 +109,7 @@ __all__ = [
     "cross_size",
     "cuda_built",
     "ddl_built",
+    "elastic",
     "global_process_set",
     "gloo_built",
     "gloo_enabled",

@@ -1,0 +1,1 @@
+"""``horovod.common``: the parts Horovod scripts import directly."""

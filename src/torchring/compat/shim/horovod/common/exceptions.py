@@ -1,0 +1,3 @@
+"""``horovod.common.exceptions``: the exceptions elastic scripts catch."""
+
+from torchring.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401

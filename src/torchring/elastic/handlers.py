@@ -1,0 +1,105 @@
+"""How each kind of value in an elastic state is saved, restored, synchronised and persisted."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from ..functions import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
+from .sampler import ElasticSampler
+
+
+class StateHandler:
+    """Keeps one value and its last committed copy."""
+
+    def __init__(self, name: str, value: Any) -> None:
+        self.name = name
+        self.value = value
+        self.saved: Any = None
+        self.save()
+
+    def save(self) -> None:
+        """Remember the current value as the committed one."""
+        self.saved = copy.deepcopy(self.value)
+
+    def restore(self) -> None:
+        """Go back to the committed value."""
+        self.value = copy.deepcopy(self.saved)
+
+    def sync(self) -> None:
+        """Make every rank's value equal to rank 0's."""
+        self.value = broadcast_object(self.value, root_rank=0, name=f"elastic.{self.name}")
+
+    def snapshot(self) -> Any:
+        """The committed value, as written to a checkpoint (may run collectives; every rank calls it)."""
+        return self.saved
+
+    def load(self, snapshot: Any) -> None:
+        """Take a checkpoint's value as both current and committed."""
+        self.saved = snapshot
+        self.restore()
+
+
+class ModuleHandler(StateHandler):
+    """A ``torch.nn.Module``: its ``state_dict`` is saved; parameters and buffers are broadcast."""
+
+    def save(self) -> None:
+        self.saved = copy.deepcopy(self.value.state_dict())
+
+    def restore(self) -> None:
+        self.value.load_state_dict(self.saved)
+
+    def sync(self) -> None:
+        broadcast_parameters(self.value.state_dict(), root_rank=0)
+
+
+class OptimizerHandler(StateHandler):
+    """A ``torch.optim.Optimizer`` (or torchring's DistributedOptimizer): state and hyper-parameters."""
+
+    def save(self) -> None:
+        self.saved = copy.deepcopy(self.value.state_dict())
+
+    def restore(self) -> None:
+        self.value.load_state_dict(self.saved)
+
+    def sync(self) -> None:
+        broadcast_optimizer_state(self.value, root_rank=0)
+
+
+class SamplerHandler(StateHandler):
+    """An ``ElasticSampler``: the samples processed by any rank count as processed for all."""
+
+    def save(self) -> None:
+        self.saved = copy.deepcopy(self.value.state_dict())
+
+    def restore(self) -> None:
+        self.value.load_state_dict(self.saved)
+
+    def sync(self) -> None:
+        state = self.value.state_dict()
+        state["processed_indices"] = _union(allgather_object(state["processed_indices"],
+                                                             name=f"elastic.{self.name}.processed"))
+        self.value.load_state_dict(broadcast_object(state, root_rank=0, name=f"elastic.{self.name}"))
+
+    def snapshot(self) -> Any:
+        merged = dict(self.saved)
+        merged["processed_indices"] = _union(allgather_object(self.saved["processed_indices"],
+                                                              name=f"elastic.{self.name}.snapshot"))
+        return merged
+
+
+def _union(index_lists: list[list[int]]) -> list[int]:
+    return sorted(set().union(*index_lists)) if index_lists else []
+
+
+def handler_for(name: str, value: Any) -> StateHandler:
+    """The handler that knows how to keep ``value``."""
+    if isinstance(value, torch.nn.Module):
+        return ModuleHandler(name, value)
+    if isinstance(value, torch.optim.Optimizer):
+        return OptimizerHandler(name, value)
+    if isinstance(value, ElasticSampler):
+        return SamplerHandler(name, value)
+    return StateHandler(name, value)

@@ -1,0 +1,72 @@
+"""``elastic.run``: run a training function, roll back on failures and continue with the new membership."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from .. import basics
+from ..exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from .membership import elastic_mode, reset_limit
+from .state import State
+
+logger = logging.getLogger("torchring.elastic")
+
+Result = TypeVar("Result")
+
+
+class ResetLimitExceeded(RuntimeError):
+    """The job was reset more often than ``--reset-limit`` allows."""
+
+
+def run(func: Callable[..., Result]) -> Callable[..., Result]:
+    """Decorate ``train(state, *args, **kwargs)`` so that it survives membership changes.
+
+    Loop: ``state.sync()`` (skipped after an interrupt that only removed hosts), call ``func``. When a
+    collective fails (``HorovodInternalError``) the state rolls back to its last commit; when hosts were
+    added or removed (``HostsUpdatedInterrupt``) it keeps its current values. Then torchring is
+    re-initialised with the new membership, ``state.on_reset()`` runs the reset callbacks, and the loop
+    starts again. Outside an elastic launch a failure cannot be recovered from and is re-raised.
+    """
+
+    @functools.wraps(func)
+    def wrapper(state: State, *args: Any, **kwargs: Any) -> Result:
+        if not isinstance(state, State):
+            raise TypeError(f"elastic.run: the first argument must be an elastic State, got {type(state).__name__}")
+        if not basics.is_initialized():
+            basics.init()
+        resets, skip_sync = 0, False
+        while True:
+            if not skip_sync:
+                state.sync()
+            try:
+                return func(state, *args, **kwargs)
+            except HorovodInternalError as error:
+                if not elastic_mode():
+                    raise HorovodInternalError(
+                        f"{error} (not an elastic launch, so the job cannot continue without this rank; start it "
+                        "with torchring run --min-np/--max-np to survive lost workers)") from error
+                logger.warning("a collective failed (%s); rolling back to the last commit", error)
+                state.restore()
+                skip_sync = False
+            except HostsUpdatedInterrupt as interrupt:
+                logger.warning("hosts changed; continuing with the new membership")
+                skip_sync = interrupt.skip_sync
+            resets += 1
+            limit = reset_limit()
+            if limit is not None and resets > limit:
+                raise ResetLimitExceeded(f"the job was reset {resets} times, more than --reset-limit {limit}")
+            _reinitialize()
+            state.on_reset()
+
+    return wrapper
+
+
+def _reinitialize() -> None:
+    """Leave the current membership and join the next one."""
+    old_size = basics.size()
+    basics.shutdown()
+    basics.init()
+    logger.warning("re-initialised: %d -> %d ranks, this is rank %d", old_size, basics.size(), basics.rank())

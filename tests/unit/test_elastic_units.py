@@ -1,0 +1,56 @@
+"""Elastic pieces that need no job: the checkpoint file, the sampler's partition, host-version parsing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torchring.elastic import ElasticSampler
+from torchring.elastic.checkpoint import CHECKPOINT_FILE, read_checkpoint, write_checkpoint
+from torchring.elastic.membership import HostsVersion, parse_hosts_version
+
+
+def test_checkpoint_round_trip_replaces_the_previous_file(tmp_path):
+    write_checkpoint(tmp_path, {"epoch": 1, "weights": torch.ones(3)}, commit_count=1)
+    write_checkpoint(tmp_path, {"epoch": 2, "weights": torch.zeros(3)}, commit_count=2)
+    payload = read_checkpoint(tmp_path)
+    assert payload["commits"] == 2 and payload["state"]["epoch"] == 2
+    assert torch.equal(payload["state"]["weights"], torch.zeros(3))
+    assert [p.name for p in tmp_path.iterdir()] == [CHECKPOINT_FILE]
+
+
+def test_failed_write_keeps_the_old_checkpoint_and_leaves_no_temporary_file(tmp_path):
+    write_checkpoint(tmp_path, {"epoch": 1}, commit_count=1)
+
+    class Unpicklable:
+        def __reduce__(self):
+            raise RuntimeError("cannot pickle")
+
+    with pytest.raises(RuntimeError, match="cannot pickle"):
+        write_checkpoint(tmp_path, {"epoch": Unpicklable()}, commit_count=2)
+    assert [p.name for p in tmp_path.iterdir()] == [CHECKPOINT_FILE]
+    assert read_checkpoint(tmp_path)["state"] == {"epoch": 1}
+
+
+def test_missing_and_corrupt_checkpoints(tmp_path):
+    assert read_checkpoint(tmp_path) is None
+    (tmp_path / CHECKPOINT_FILE).write_bytes(b"not a checkpoint")
+    with pytest.raises(RuntimeError, match="cannot read the elastic checkpoint"):
+        read_checkpoint(tmp_path)
+
+
+def test_sampler_before_init_covers_the_dataset_once():
+    sampler = ElasticSampler(list(range(7)), shuffle=False)
+    assert list(sampler) == list(range(7)) and len(sampler) == 7
+    sampler.record_batch(1, 3)
+    assert sampler.processed_indices == {3, 4, 5}
+    sampler.load_state_dict(sampler.state_dict())
+    assert list(sampler) == [0, 1, 2, 6]
+    shuffled = ElasticSampler(list(range(50)), shuffle=True, seed=1)
+    assert sorted(shuffled) == list(range(50)) and list(shuffled) != list(range(50))
+
+
+def test_hosts_version_parsing():
+    assert parse_hosts_version("3 removed") == HostsVersion(3, True)
+    assert parse_hosts_version("4 added") == HostsVersion(4, False)
+    assert parse_hosts_version("") == HostsVersion()

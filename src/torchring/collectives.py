@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from .compression import Compression, Compressor
-from .handles import check_tensor, poll, submit, synchronize
+from .handles import auto_name, check_tensor, combine, poll, submit, synchronize
 from .process_sets import ProcessSet, global_process_set, resolve
 from .reduction import ReduceOp, resolve_op
 from .runtime import context
@@ -120,6 +120,34 @@ def allgather(tensor: torch.Tensor, name: str | None = None,
     if differentiable.needs_autograd(tensor):
         return differentiable.AllgatherFunction.apply(tensor, name, process_set)
     return synchronize(allgather_async(tensor, name, process_set))
+
+
+def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None, op: ReduceOp | None = None,
+                           process_set: ProcessSet = global_process_set) -> int:
+    """Start reducing a sparse COO tensor: every rank's indices and values are allgathered.
+
+    ``synchronize`` on the handle returns the sparse sum (``op=Sum``) or average (``op=Average``,
+    the default) over the process set; indices that several ranks hold are summed when coalesced.
+    """
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
+        raise ValueError("sparse_allreduce_async needs a sparse COO tensor; use allreduce_async for dense ones")
+    reduce_op = resolve_op(op, None)
+    if reduce_op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
+        raise ValueError(f"op={reduce_op.name.capitalize()} is not defined for sparse tensors; use Average or Sum")
+    set_id = resolve(process_set)
+    name = name or auto_name("sparse_allreduce", set_id)
+    coalesced = tensor.coalesce()
+    indices = allgather_async(coalesced.indices().t().contiguous(), f"{name}.indices", process_set)
+    values = allgather_async(coalesced.values(), f"{name}.values", process_set)
+    members = len(context.current().process_sets.members(set_id) or ())
+
+    def finish(outputs: list[torch.Tensor]) -> torch.Tensor:
+        gathered_indices, gathered_values = outputs
+        if reduce_op is ReduceOp.AVERAGE:
+            gathered_values = gathered_values / members
+        return torch.sparse_coo_tensor(gathered_indices.t(), gathered_values, tensor.shape, check_invariants=True)
+
+    return combine([indices, values], finish)
 
 
 def _broadcast_submit(buffer: torch.Tensor, root_rank: int, name: str | None, process_set: ProcessSet,

@@ -132,6 +132,24 @@ def submit_group(requests: Sequence[Request], finish: Callable[[list[Any]], Any]
     return _table.add(GroupHandle([r.handle for r in requests]), finish)
 
 
+class _CombinedCompletion:
+    """Done when every one of several handles is; waiting synchronizes each of them in turn."""
+
+    def __init__(self, numbers: Sequence[int]) -> None:
+        self.numbers = list(numbers)
+
+    def done(self) -> bool:
+        return all(poll(number) for number in self.numbers)
+
+    def wait(self) -> list[Any]:
+        return [synchronize(number) for number in self.numbers]
+
+
+def combine(handles: Sequence[int], finish: Callable[[list[Any]], Any]) -> int:
+    """One handle for several: ``synchronize`` on it returns ``finish`` of their outputs."""
+    return _table.add(_CombinedCompletion(handles), finish)
+
+
 def poll(handle: int) -> bool:
     """True when the operation behind ``handle`` has finished (``synchronize`` will not block)."""
     entry = _table.get(handle)

@@ -202,3 +202,18 @@ def test_fused_allreduces_of_mixed_kinds_give_each_its_own_result(rank, size):
     averaged = hvd.grouped_allreduce([torch.full((2,), float(rank)), torch.full((7,), 2.0 * rank)])
     assert torch.allclose(averaged[0], torch.full((2,), total / size))
     assert torch.allclose(averaged[1], torch.full((7,), 2.0 * total / size))
+
+
+def test_sparse_allreduce_async_sums_or_averages_every_ranks_entries(rank, size):
+    tensor = torch.sparse_coo_tensor(torch.tensor([[rank, size]]), torch.tensor([rank + 1.0, 1.0]), (size + 1,),
+                                     check_invariants=True)
+    average = hvd.synchronize(hvd.sparse_allreduce_async(tensor, name="sparse.avg", op=hvd.Average))
+    total = hvd.synchronize(hvd.sparse_allreduce_async(tensor, name="sparse.sum", op=hvd.Sum))
+    assert average.is_sparse and total.is_sparse
+    expected = torch.tensor([r + 1.0 for r in range(size)] + [float(size)])
+    assert torch.equal(total.to_dense(), expected)
+    assert torch.allclose(average.to_dense(), expected / size)
+    with pytest.raises(ValueError, match="not defined for sparse"):
+        hvd.sparse_allreduce_async(tensor, name="sparse.max", op=hvd.Max)
+    with pytest.raises(ValueError, match="sparse COO tensor"):
+        hvd.sparse_allreduce_async(torch.ones(2), name="sparse.dense")

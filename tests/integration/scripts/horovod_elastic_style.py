@@ -24,7 +24,7 @@ state.register_reset_callbacks([lambda: None])
 @hvd.elastic.run
 def train(state):
     print(f"rank {hvd.rank()} starts at epoch {state.epoch}", flush=True)
-    for state.epoch in range(state.epoch, EPOCHS):
+    for state.epoch in range(state.epoch, EPOCHS):  # noqa: B020 (Horovod's elastic idiom)
         state.sampler.set_epoch(state.epoch)
         for state.batch, (data, target) in enumerate(loader):
             optimizer.zero_grad()

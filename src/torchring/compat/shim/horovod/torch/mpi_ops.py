@@ -1,18 +1,5 @@
-"""``horovod.torch.mpi_ops``: the collectives and handles, where some scripts import them from."""
+"""``horovod.torch.mpi_ops``: the collectives, handles, reduction ops and process sets, where some
+scripts import them from."""
 
-from torchring.collectives import (  # noqa: F401
-    allgather,
-    allgather_async,
-    allreduce,
-    allreduce_,
-    allreduce_async,
-    allreduce_async_,
-    barrier,
-    broadcast,
-    broadcast_,
-    broadcast_async,
-    broadcast_async_,
-    poll,
-    synchronize,
-)
-from torchring.reduction import Adasum, Average, Max, Min, Product, Sum  # noqa: F401
+from torchring import *  # noqa: F401,F403
+from torchring import __all__  # noqa: F401

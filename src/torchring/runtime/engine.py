@@ -6,6 +6,10 @@ collective exchange on the control group. All ranks then hold the same table of 
 groups. Ranks may therefore submit in different orders; mismatched requests fail on every rank
 with an error naming what each rank sent, and the engine carries on.
 
+Data collectives are launched asynchronously on the data groups and finished by a ``Completer``
+thread in launch order, so the engine negotiates the next requests while earlier ones are on the wire
+(join, barrier and process-set changes first wait for everything launched before them).
+
 When a cycle brings nothing new from any rank the engines go idle together and block (no CPU) until
 some rank submits again or shuts down; that rank wakes the others through the store (``wakeup``).
 """
@@ -20,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..exceptions import HorovodInternalError, TensorMismatchError
+from .completion import Completer
 from .control import ControlChannel
 from .executor import Executor
 from .fusion import plan_batches
@@ -100,6 +105,8 @@ class Engine:
         self.timeline: TimelineWriter | NullTimeline = NullTimeline()
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"torchring-engine-{rank}", daemon=True)
+        #: Finishes the collectives this engine launched, while the engine negotiates the next ones.
+        self._completer = Completer(f"torchring-completion-{rank}", self._on_data_failure)
 
     # ---- called from user threads -------------------------------------------------------------
 
@@ -157,6 +164,8 @@ class Engine:
                     epoch += 1
                 else:
                     new_requests, shutting_down = self._wait_for_cycle()
+                if self._failure is not None:
+                    raise self._failure
                 announcement = Announcement(
                     tuple(r.meta for r in new_requests), shutting_down, self._woken_epoch, self._stall_abort
                 )
@@ -167,14 +176,18 @@ class Engine:
                         self._perform(batch[0])
                     else:
                         self._perform_fused(batch)
+                if self._failure is not None:
+                    raise self._failure
                 self._inspect_stalls()
                 abort = next((a.stall_abort for a in announcements if a.stall_abort), "")
                 if abort:
+                    self._completer.flush()
                     self._failure = HorovodInternalError(abort)
                     self._fail_all(self._failure)
                     return
                 stopping_ranks = [r for r, a in enumerate(announcements) if a.shutting_down]
                 if stopping_ranks:
+                    self._completer.flush()
                     self._stopped_by = stopping_ranks
                     with self._cond:
                         operations_lost = bool(self._inflight)
@@ -194,6 +207,7 @@ class Engine:
             except Exception:  # noqa: BLE001 - the store may be gone too; nothing left to wake
                 pass
         finally:
+            self._completer.close()
             self._waker.close()
             self.timeline.close()
             self._stopped.set()
@@ -210,7 +224,7 @@ class Engine:
     def _wait_for_cycle(self) -> tuple[list[Request], bool]:
         deadline = time.monotonic() + self._settings.cycle_time_s
         with self._cond:
-            while not self._queue and not self._shutdown_requested:
+            while not self._queue and not self._shutdown_requested and self._failure is None:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
@@ -221,7 +235,7 @@ class Engine:
         self._waker.listen(epoch, self._on_remote_wake)
         with self._cond:
             while (not self._queue and not self._shutdown_requested and not self._stall_abort
-                   and self._woken_epoch < epoch):
+                   and self._woken_epoch < epoch and self._failure is None):
                 self._cond.wait(self._stall_check_interval())
                 self._inspect_stalls()
             woken_remotely = self._woken_epoch >= epoch
@@ -274,8 +288,30 @@ class Engine:
                 self._finish(request, error=kinds.get(response.error_kind, TensorMismatchError)(response.error))
             return
         op_type = response.op_type
+        if op_type not in DATA_OPS:
+            self._completer.flush()  # these take effect after everything launched before them
+            self._perform_control(response, request)
+            return
+        timeline = self.timeline
+        meta = response.template
+        timeline.op_start(response.name, op_type.value)
+        timeline.activity_start(response.name, _backend_activity(response))
+        launched = self._executor.launch(response, request)
+
+        def on_done(result: object, error: BaseException | None) -> None:
+            timeline.activity_end(response.name)
+            timeline.op_end(response.name, meta.dtype, meta.shape)
+            if request is not None:
+                self._finish(request, result=result, error=self._data_error(error))
+
+        self._completer.add(launched, on_done)
+
+    def _perform_control(self, response: Response, request: Request | None) -> None:
+        """Join, barrier and process-set changes: no data moves; they complete at once."""
+        op_type = response.op_type
+        result: object = None
         if op_type is OpType.JOIN:
-            result: object = response.last_joined
+            result = response.last_joined
         elif op_type in (OpType.ADD_PROCESS_SET, OpType.REMOVE_PROCESS_SET):
             try:
                 result = self._change_process_sets(response)
@@ -283,8 +319,6 @@ class Engine:
                 if request is not None:
                     self._finish(request, error=error)
                 return
-        else:
-            result = self._execute(response, request)
         if request is not None:
             self._finish(request, result=result)
 
@@ -297,22 +331,29 @@ class Engine:
         timeline = self.timeline
         for response in batch:
             timeline.op_start(response.name, response.op_type.value)
-        results = self._executor.execute_fused(batch, requests, timeline, _backend_activity(batch[0]))
-        for response, request, result in zip(batch, requests, results, strict=True):
-            timeline.op_end(response.name, response.template.dtype, response.template.shape)
-            self._finish(request, result=result)
+        launched = self._executor.launch_fused(batch, requests, timeline, _backend_activity(batch[0]))
 
-    def _execute(self, response: Response, request: Request | None) -> object:
-        timeline = self.timeline
-        if not timeline.enabled or response.op_type not in DATA_OPS:
-            return self._executor.execute(response, request)
-        meta = response.template
-        timeline.op_start(response.name, response.op_type.value)
-        timeline.activity_start(response.name, _backend_activity(response))
-        result = self._executor.execute(response, request)
-        timeline.activity_end(response.name)
-        timeline.op_end(response.name, meta.dtype, meta.shape)
-        return result
+        def on_done(results: list[object] | None, error: BaseException | None) -> None:
+            for index, (response, request) in enumerate(zip(batch, requests, strict=True)):
+                timeline.op_end(response.name, response.template.dtype, response.template.shape)
+                result = results[index] if results is not None else None
+                self._finish(request, result=result, error=self._data_error(error))
+
+        self._completer.add(launched, on_done)
+
+    def _data_error(self, error: BaseException | None) -> BaseException | None:
+        if error is None:
+            return None
+        return HorovodInternalError(f"torchring collective failed on rank {self.rank}: {error}")
+
+    def _on_data_failure(self, error: BaseException) -> None:
+        """A launched collective failed (a peer died or timed out): fail everything; the engine stops."""
+        if self._failure is None:
+            self._failure = error
+        self._note_peer_failure(f"collective failed: {error}")
+        self._fail_all(HorovodInternalError(f"torchring engine failed on rank {self.rank}: {error}"))
+        with self._cond:
+            self._cond.notify_all()
 
     def _change_process_sets(self, response: Response) -> object:
         meta = response.template
@@ -321,8 +362,11 @@ class Engine:
         return self._process_sets.remove(meta.root_rank)
 
     def _finish(self, request: Request, result: object = None, error: BaseException | None = None) -> None:
+        """Complete ``request`` unless it was completed already (e.g. failed by ``_fail_all``)."""
         with self._cond:
-            self._inflight.pop(request.meta.key, None)
+            if self._inflight.get(request.meta.key) is not request:
+                return
+            del self._inflight[request.meta.key]
         request.handle.complete(result, error)
 
     def _fail_all(self, error: BaseException) -> None:

@@ -7,8 +7,8 @@ shaped like the other ranks' tensors.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from ..reduction import ReduceOp
+from .completion import Launched
 from .negotiation import Response
 from .requests import OpType, Request, RequestMeta
 
@@ -80,19 +81,20 @@ def _zeros_like_meta(meta: RequestMeta, first_dim: int | None = None) -> torch.T
     return torch.zeros(shape, dtype=getattr(torch, meta.dtype), device=device)
 
 
-@contextlib.contextmanager
-def _device_scope(device: str, buffer: torch.Tensor | None, requests: list[Request]) -> Iterator[None]:
-    """For CUDA work: run on the buffer's device after the submitting streams' events, and wait for the
-    result before returning (so that a completed handle means the data is there)."""
-    if device != "cuda":
-        yield
-        return
+def _cuda_synchronous(device: str, buffer: torch.Tensor | None, requests: list[Request],
+                      run: Callable[[], Launched]) -> Launched:
+    """CUDA work runs on the buffer's device after the submitting streams' events, and is waited for
+    here, so a completed handle means the data is there."""
     with torch.cuda.device(buffer.device if buffer is not None else torch.cuda.current_device()):
         for request in requests:
             if request.ready_event is not None:
                 torch.cuda.current_stream().wait_event(request.ready_event)
-        yield
+        launched = run()
+        if launched.work is not None:
+            launched.work.wait()
+        result = launched.finish()
         torch.cuda.current_stream().synchronize()
+    return Launched.done(result)
 
 
 def scatter_rows(rows: int, size: int) -> list[int]:
@@ -100,61 +102,80 @@ def scatter_rows(rows: int, size: int) -> list[int]:
     return [rows // size + (1 if r < rows % size else 0) for r in range(size)]
 
 
+def _launch(group: dist.ProcessGroup | None, start: Callable[[dist.ProcessGroup], dist.Work],
+            finish: Callable[[], Any]) -> Launched:
+    """Start a collective on ``group`` (none in a set of one rank) and say how to finish it."""
+    return Launched(start(group) if group is not None else None, finish)
+
+
 class Executor:
-    """Carries out responses on this rank; every member calls ``execute`` with the same responses in order."""
+    """Launches responses on this rank; every member launches the same responses in the same order.
+
+    CPU collectives are started asynchronously and returned as ``Launched`` works that a ``Completer``
+    finishes; CUDA collectives are finished before ``launch`` returns.
+    """
 
     def __init__(self, process_sets: ProcessSetTable, rank: int) -> None:
         self.process_sets = process_sets
         self.rank = rank
-        self._fusion_buffers: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+        self.fusion_buffers = FusionBufferPool()
 
-    def execute_fused(self, batch: list[Response], requests: list[Request], timeline: Any,
-                      backend_activity: str) -> list[torch.Tensor]:
+    def launch_fused(self, batch: list[Response], requests: list[Request], timeline: Any,
+                     backend_activity: str) -> Launched:
         """Reduce several allreduce requests of one kind (see ``fusion``) through one shared buffer."""
-        first = batch[0]
         buffers = [request.buffer for request in requests]
         assert all(buffer is not None for buffer in buffers)
+        device = batch[0].template.device
+        if device == "cuda":
+            return _cuda_synchronous(device, buffers[0], requests,
+                                     lambda: self._launch_fused(batch, buffers, timeline, backend_activity))
+        return self._launch_fused(batch, buffers, timeline, backend_activity)
+
+    def _launch_fused(self, batch: list[Response], buffers: list[torch.Tensor], timeline: Any,
+                      backend_activity: str) -> Launched:
+        first = batch[0]
         sizes = [buffer.numel() for buffer in buffers]
-        fused = self._fusion_buffer(buffers[0], sum(sizes))[: sum(sizes)]
+        storage = self.fusion_buffers.acquire(buffers[0], sum(sizes))
+        fused = storage[: sum(sizes)]
         names = [response.name for response in batch]
-        with _device_scope(first.template.device, buffers[0], requests):
-            self._activity(timeline, names, "MEMCPY_IN_FUSION_BUFFER")
-            torch.cat([buffer.reshape(-1) for buffer in buffers], out=fused)
-            self._activity(timeline, names, backend_activity)
-            size = len(first.members)
-            group = self.process_sets.groups(first.process_set).for_device(first.template.device, size)
-            self._reduce(fused, first.template, group, size)
-            self._activity(timeline, names, "MEMCPY_OUT_FUSION_BUFFER")
-            for buffer, part in zip(buffers, fused.split(sizes), strict=True):
-                buffer.reshape(-1).copy_(part)
-        for name in names:
-            timeline.activity_end(name)
-        return buffers
+        self._activity(timeline, names, "MEMCPY_IN_FUSION_BUFFER")
+        torch.cat([buffer.reshape(-1) for buffer in buffers], out=fused)
+        self._activity(timeline, names, backend_activity)
+        size = len(first.members)
+        group = self.process_sets.groups(first.process_set).for_device(first.template.device, size)
+        reduction = self._start_reduce(fused, first.template, group, size)
+
+        def finish() -> list[torch.Tensor]:
+            try:
+                reduction.finish()
+                self._activity(timeline, names, "MEMCPY_OUT_FUSION_BUFFER")
+                for buffer, part in zip(buffers, fused.split(sizes), strict=True):
+                    buffer.reshape(-1).copy_(part)
+                for name in names:
+                    timeline.activity_end(name)
+            finally:
+                self.fusion_buffers.release(storage)
+            return buffers
+
+        return Launched(reduction.work, finish)
 
     @staticmethod
     def _activity(timeline: Any, names: list[str], activity: str) -> None:
         for name in names:
             timeline.activity_start(name, activity)
 
-    def _fusion_buffer(self, like: torch.Tensor, numel: int) -> torch.Tensor:
-        """A flat buffer of ``like``'s dtype and device with room for ``numel`` elements, reused across steps."""
-        key = (like.device, like.dtype)
-        buffer = self._fusion_buffers.get(key)
-        if buffer is None or buffer.numel() < numel:
-            buffer = torch.empty(numel, dtype=like.dtype, device=like.device)
-            self._fusion_buffers[key] = buffer
-        return buffer
-
-    def execute(self, response: Response, request: Request | None) -> Any:
-        """Run ``response`` (``request`` is None when this rank joined) and return the result."""
+    def launch(self, response: Response, request: Request | None) -> Launched:
+        """Start ``response`` (``request`` is None when this rank joined); the result comes from finishing it."""
         op_type = response.op_type
         if op_type is OpType.BARRIER:
-            return None
+            return Launched.done(None)
         buffer = request.buffer if request is not None else None
-        with _device_scope(response.template.device, buffer, [request] if request is not None else []):
-            return self._run(op_type, response, buffer)
+        if response.template.device == "cuda":
+            return _cuda_synchronous("cuda", buffer, [request] if request is not None else [],
+                                     lambda: self._start(op_type, response, buffer))
+        return self._start(op_type, response, buffer)
 
-    def _run(self, op_type: OpType, response: Response, buffer: torch.Tensor | None) -> Any:
+    def _start(self, op_type: OpType, response: Response, buffer: torch.Tensor | None) -> Launched:
         size = len(response.members)
         group = self.process_sets.groups(response.process_set).for_device(response.template.device, size)
         if op_type is OpType.ALLREDUCE:
@@ -170,83 +191,126 @@ class Executor:
         raise AssertionError(f"unknown operation {op_type}")
 
     @staticmethod
-    def _reduce(buffer: torch.Tensor, meta: RequestMeta, group: dist.ProcessGroup | None, size: int) -> None:
+    def _start_reduce(buffer: torch.Tensor, meta: RequestMeta, group: dist.ProcessGroup | None,
+                      size: int) -> Launched:
+        """Prescale and start the allreduce of ``buffer``; finishing averages and postscales it in place."""
         op = ReduceOp(meta.reduce_op)
         _scale(buffer, meta.prescale_factor)
-        if group is not None:
+
+        def start(group: dist.ProcessGroup) -> dist.Work:
             options = dist.AllreduceOptions()
             options.reduceOp = _C10D_REDUCE_OPS[op]
-            group.allreduce([buffer], options).wait()
-        if op is ReduceOp.AVERAGE:
-            if buffer.dtype.is_floating_point or buffer.dtype.is_complex:
-                buffer.div_(size)
-            else:
-                buffer.floor_divide_(size)
-        _scale(buffer, meta.postscale_factor)
+            return group.allreduce([buffer], options)
+
+        def finish() -> torch.Tensor:
+            if op is ReduceOp.AVERAGE:
+                if buffer.dtype.is_floating_point or buffer.dtype.is_complex:
+                    buffer.div_(size)
+                else:
+                    buffer.floor_divide_(size)
+            _scale(buffer, meta.postscale_factor)
+            return buffer
+
+        return _launch(group, start, finish)
 
     def _allreduce(self, response: Response, buffer: torch.Tensor | None, group: dist.ProcessGroup | None,
-                   size: int) -> torch.Tensor:
+                   size: int) -> Launched:
         if buffer is None:
             buffer = _zeros_like_meta(response.template)
-        self._reduce(buffer, response.template, group, size)
-        return buffer
+        return self._start_reduce(buffer, response.template, group, size)
 
     def _broadcast(self, response: Response, buffer: torch.Tensor | None,
-                   group: dist.ProcessGroup | None) -> torch.Tensor:
+                   group: dist.ProcessGroup | None) -> Launched:
         meta = response.template
-        if buffer is None:
-            buffer = _zeros_like_meta(meta)
-        if group is not None:
-            options = dist.BroadcastOptions()
-            options.rootRank = self.process_sets.set_rank(response.process_set, meta.root_rank)
-            group.broadcast([_wire_view(buffer)], options).wait()
-        return buffer
+        target = _zeros_like_meta(meta) if buffer is None else buffer
+        options = dist.BroadcastOptions()
+        options.rootRank = self.process_sets.set_rank(response.process_set, meta.root_rank)
+        return _launch(group, lambda g: g.broadcast([_wire_view(target)], options), lambda: target)
 
     def _allgather(self, response: Response, buffer: torch.Tensor | None, group: dist.ProcessGroup | None,
-                   size: int) -> torch.Tensor:
+                   size: int) -> Launched:
         meta = response.template
-        if buffer is None:
-            buffer = _zeros_like_meta(meta, first_dim=0)
+        source = _zeros_like_meta(meta, first_dim=0) if buffer is None else buffer
         first_dims = [response.metas[r].shape[0] if r in response.metas else 0 for r in response.members]
-        rest = tuple(buffer.shape[1:])
-        output = buffer.new_empty((sum(first_dims), *rest))
+        rest = tuple(source.shape[1:])
+        output = source.new_empty((sum(first_dims), *rest))
         if group is None:
-            output.copy_(buffer)
-            return output
+            output.copy_(source)
+            return Launched.done(output)
         if len(set(first_dims)) == 1:
-            group._allgather_base(_wire_view(output), _wire_view(buffer)).wait()
-            return output
+            return Launched(group._allgather_base(_wire_view(output), _wire_view(source)), lambda: output)
         width = max(first_dims)
-        padded = buffer.new_zeros((width, *rest))
-        padded[: buffer.shape[0]].copy_(buffer)
-        gathered = buffer.new_empty((size * width, *rest))
-        group._allgather_base(_wire_view(gathered), _wire_view(padded)).wait()
-        offset = 0
-        for index, rows in enumerate(first_dims):
-            output[offset:offset + rows].copy_(gathered[index * width:index * width + rows])
-            offset += rows
-        return output
+        padded = source.new_zeros((width, *rest))
+        padded[: source.shape[0]].copy_(source)
+        gathered = source.new_empty((size * width, *rest))
+
+        def finish() -> torch.Tensor:
+            offset = 0
+            for index, rows in enumerate(first_dims):
+                output[offset:offset + rows].copy_(gathered[index * width:index * width + rows])
+                offset += rows
+            return output
+
+        return Launched(group._allgather_base(_wire_view(gathered), _wire_view(padded)), finish)
 
     def _alltoall(self, response: Response, buffer: torch.Tensor | None,
-                  group: dist.ProcessGroup | None) -> tuple[torch.Tensor, torch.Tensor]:
+                  group: dist.ProcessGroup | None) -> Launched:
         assert buffer is not None
         me = self.process_sets.set_rank(response.process_set)
         send = list(response.metas[self.rank].splits)
         received = [response.metas[r].splits[me] for r in response.members]
         output = buffer.new_empty((sum(received), *buffer.shape[1:]))
+        result = (output, torch.tensor(received, dtype=torch.int32))
         if group is None:
             output.copy_(buffer)
-        else:
-            group.alltoall_base(_wire_view(output), _wire_view(buffer), received, send,
-                                dist.AllToAllOptions()).wait()
-        return output, torch.tensor(received, dtype=torch.int32)
+            return Launched.done(result)
+        work = group.alltoall_base(_wire_view(output), _wire_view(buffer), received, send, dist.AllToAllOptions())
+        return Launched(work, lambda: result)
 
     def _reducescatter(self, response: Response, buffer: torch.Tensor | None, group: dist.ProcessGroup | None,
-                       size: int) -> torch.Tensor:
+                       size: int) -> Launched:
         assert buffer is not None
-        meta = response.template
         rows = scatter_rows(buffer.shape[0], size)
         me = self.process_sets.set_rank(response.process_set)
         offset = sum(rows[:me])
-        self._reduce(buffer, meta, group, size)
-        return buffer[offset:offset + rows[me]].clone()
+        reduction = self._start_reduce(buffer, response.template, group, size)
+        return Launched(reduction.work, lambda: reduction.finish()[offset:offset + rows[me]].clone())
+
+
+class FusionBufferPool:
+    """Flat buffers per (device, dtype), reused across steps; one per fused collective in flight.
+
+    At most ``limit`` buffers of a kind are in use at once: ``acquire`` then waits for a release, which
+    bounds the memory of fused collectives that are still on the wire.
+    """
+
+    def __init__(self, limit: int = 4) -> None:
+        self.limit = limit
+        self._cond = threading.Condition()
+        self._free: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+        self._in_use: dict[tuple[torch.device, torch.dtype], int] = {}
+
+    def acquire(self, like: torch.Tensor, numel: int) -> torch.Tensor:
+        """A flat buffer of ``like``'s dtype and device with room for ``numel`` elements."""
+        key = (like.device, like.dtype)
+        with self._cond:
+            while self._in_use.get(key, 0) >= self.limit:
+                self._cond.wait()
+            free = self._free.setdefault(key, [])  # tensors compare by value: work with positions
+            fitting = [i for i, buffer in enumerate(free) if buffer.numel() >= numel]
+            if fitting:
+                buffer = free.pop(min(fitting, key=lambda i: free[i].numel()))
+            else:
+                if free:  # replace the largest too-small buffer rather than keep it
+                    free.pop(max(range(len(free)), key=lambda i: free[i].numel()))
+                buffer = torch.empty(numel, dtype=like.dtype, device=like.device)
+            self._in_use[key] = self._in_use.get(key, 0) + 1
+        return buffer
+
+    def release(self, buffer: torch.Tensor) -> None:
+        """Return a buffer from ``acquire`` for reuse."""
+        key = (buffer.device, buffer.dtype)
+        with self._cond:
+            self._free.setdefault(key, []).append(buffer)
+            self._in_use[key] -= 1
+            self._cond.notify_all()

@@ -72,7 +72,9 @@ class Handle:
         return self._event.is_set()
 
     def complete(self, result: Any = None, error: BaseException | None = None) -> None:
-        """Record the outcome and wake whoever waits."""
+        """Record the outcome and wake whoever waits; the first outcome wins."""
+        if self._event.is_set():
+            return
         self.result = result
         self.error = error
         self._event.set()

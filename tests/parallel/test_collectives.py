@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import torchring as hvd
+from torchring.runtime import context
 
 DTYPES = [torch.float32, torch.float64, torch.int32, torch.int64, torch.float16, torch.bfloat16]
 
@@ -216,3 +217,34 @@ def test_start_and_stop_timeline_at_run_time(rank, tmp_path_factory):
         with open(path) as file:
             names = {e["args"]["name"] for e in json.load(file) if e.get("name") == "process_name"}
         assert "timed.tensor" in names and "untimed.tensor" not in names
+
+
+def test_repeated_requests_hit_the_response_cache_and_mismatches_are_still_caught(rank, size):
+    cache = context.current().engine.response_cache
+    hits_before = cache.hits
+    for step in range(3):
+        result = hvd.allreduce(torch.full((3,), float(rank + step)), name="cache.repeat", op=hvd.Sum)
+        assert torch.equal(result, torch.full((3,), float(sum(range(size)) + size * step)))
+    assert cache.hits - hits_before >= 2
+    shape = (3,) if rank == 0 else (4,)  # cached on rank 0, new on the others: the check still runs
+    with pytest.raises(hvd.TensorMismatchError, match="cache.repeat"):
+        hvd.allreduce(torch.ones(shape), name="cache.repeat")
+    assert torch.equal(hvd.allreduce(torch.ones(3), name="cache.repeat", op=hvd.Sum), torch.full((3,), float(size)))
+
+
+def test_a_tiny_cache_reuses_slots_without_mixing_requests_up(rank, size, monkeypatch):
+    monkeypatch.setenv("HOROVOD_CACHE_CAPACITY", "2")
+    hvd.shutdown()
+    hvd.init()
+    try:
+        assert context.current().engine.response_cache.capacity == 2
+        for step in range(4):
+            handles = [hvd.allreduce_async(torch.full((i + 1,), float(rank * 10 + i)), name=f"tiny.{i}", op=hvd.Sum)
+                       for i in range(5)]
+            for i, handle in enumerate(handles):
+                expected = float(sum(r * 10 + i for r in range(size)))
+                assert torch.equal(hvd.synchronize(handle), torch.full((i + 1,), expected)), (step, i)
+    finally:
+        monkeypatch.delenv("HOROVOD_CACHE_CAPACITY")
+        hvd.shutdown()
+        hvd.init()

@@ -113,13 +113,22 @@ def _initial_timeline(rank: int) -> TimelineWriter | None:
     return TimelineWriter(path, mark_cycles=config.bool_setting("TIMELINE_MARK_CYCLES", False))
 
 
-def _engine_settings() -> EngineSettings:
+def _engine_settings(control: ControlChannel) -> EngineSettings:
+    """The engine's knobs; those every rank must share (fusion threshold, cache capacity) are rank 0's."""
+    local = (int(config.float_setting("FUSION_THRESHOLD", 128 * 1024 * 1024)),
+             int(config.float_setting("CACHE_CAPACITY", 1024)))
+    everyone = [tuple(map(int, raw.split())) for raw in control.allgather_bytes(" ".join(map(str, local)).encode())]
+    fusion_threshold, cache_capacity = everyone[0]
+    if control.rank == 0 and any(values != everyone[0] for values in everyone):
+        logger.warning("ranks set different HOROVOD_FUSION_THRESHOLD/HOROVOD_CACHE_CAPACITY values %s; "
+                       "every rank uses rank 0's (%d, %d)", everyone, fusion_threshold, cache_capacity)
     return EngineSettings(
         cycle_time_s=config.float_setting("CYCLE_TIME", 1.0) / 1000.0,
         stall_check_enabled=not config.bool_setting("STALL_CHECK_DISABLE", False),
         stall_warning_s=config.float_setting("STALL_CHECK_TIME_SECONDS", 60.0),
         stall_shutdown_s=config.float_setting("STALL_SHUTDOWN_TIME_SECONDS", 0.0),
-        fusion_threshold=int(config.float_setting("FUSION_THRESHOLD", 128 * 1024 * 1024)),
+        fusion_threshold=fusion_threshold,
+        cache_capacity=cache_capacity,
     )
 
 
@@ -216,7 +225,7 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
             assert rendezvous.host is not None and rendezvous.port is not None
             waker = StoreWaker(rendezvous.host, rendezvous.port, f"{prefix}/wake/", start_timeout())
         engine = Engine(info.rank, info.size, control, Executor(table, info.rank), table, waker,
-                        _engine_settings(), _peer_failure_reporter(environment, store, info.rank))
+                        _engine_settings(control), _peer_failure_reporter(environment, store, info.rank))
         timeline = _initial_timeline(info.rank)
         if timeline is not None:
             engine.timeline = timeline

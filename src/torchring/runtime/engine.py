@@ -31,6 +31,7 @@ from .fusion import plan_batches
 from .negotiation import Negotiator, PendingEntry, RequestKey, Response
 from .process_set_table import ProcessSetTable
 from .requests import DATA_OPS, OpType, Request, RequestMeta
+from .response_cache import ResponseCache
 from .timeline import NullTimeline, TimelineWriter
 from .wakeup import Waker
 
@@ -47,6 +48,8 @@ class Announcement:
     listened_epoch: int = -1
     #: Set by rank 0 when requests stalled past the shutdown time: every rank stops with this text.
     stall_abort: str = ""
+    #: Requests found in the response cache, one bit per cache slot (see ``response_cache``).
+    cached: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,8 @@ class EngineSettings:
     stall_shutdown_s: float = 0.0
     #: Bytes of allreduces packed into one collective (0: no fusion).
     fusion_threshold: int = 128 * 1024 * 1024
+    #: Negotiated requests remembered so that repeating them costs one bit (0: no cache).
+    cache_capacity: int = 1024
 
 
 def _backend_activity(response: Response) -> str:
@@ -91,6 +96,7 @@ class Engine:
         self._settings = settings
         self._report_peer_failure = report_peer_failure
         self._negotiator = Negotiator(size, process_sets.members)
+        self.response_cache = ResponseCache(settings.cache_capacity, rank)
         self._cond = threading.Condition()
         self._queue: list[Request] = []
         self._inflight: dict[RequestKey, Request] = {}
@@ -166,9 +172,8 @@ class Engine:
                     new_requests, shutting_down = self._wait_for_cycle()
                 if self._failure is not None:
                     raise self._failure
-                announcement = Announcement(
-                    tuple(r.meta for r in new_requests), shutting_down, self._woken_epoch, self._stall_abort
-                )
+                cached, misses = self.response_cache.encode([r.meta for r in new_requests])
+                announcement = Announcement(misses, shutting_down, self._woken_epoch, self._stall_abort, cached)
                 announcements = self._exchange(announcement)
                 responses = self._negotiate(announcements)
                 for batch in plan_batches(responses, self._settings.fusion_threshold):
@@ -195,7 +200,7 @@ class Engine:
                         self._note_peer_failure(f"shut down by rank {stopping_ranks}")
                     self._fail_all(self._shutdown_error(stopping_ranks))
                     return
-                idle = not responses and not any(a.metas for a in announcements)
+                idle = not responses and not any(a.metas or a.cached for a in announcements)
                 if self.rank == 0:
                     self._forget_finished_epochs(min(a.listened_epoch for a in announcements))
         except BaseException as error:  # noqa: BLE001 - every failure must reach the waiting ranks
@@ -265,16 +270,20 @@ class Engine:
     def _negotiate(self, announcements: list[Announcement]) -> list[Response]:
         timeline = self.timeline
         timeline.mark_cycle()
+        cache = self.response_cache
         for rank, announcement in enumerate(announcements):
+            metas = [*cache.decode(rank, announcement.cached), *announcement.metas] if announcement.cached \
+                else announcement.metas
             if timeline.enabled:
-                for meta in announcement.metas:
+                for meta in metas:
                     if meta.key not in self._negotiator.pending:
                         timeline.negotiate_start(meta.name, meta.op_type.value)
                     timeline.negotiate_rank_ready(meta.name, rank)
-            self._negotiator.record(rank, announcement.metas)
+            self._negotiator.record(rank, metas)
         responses = self._negotiator.take_ready()
         for response in responses:
             timeline.negotiate_end(response.name)
+            cache.record(response)
         return responses
 
     def _perform(self, response: Response) -> None:

@@ -1,0 +1,90 @@
+"""The response cache: identical slots on every rank, one bit per repeated request, LRU reuse."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from torchring.runtime.negotiation import Response
+from torchring.runtime.requests import OpType, RequestMeta
+from torchring.runtime.response_cache import ResponseCache
+
+
+def meta(name: str, shape=(4,), seq: int = 0, **fields) -> RequestMeta:
+    return RequestMeta(name=name, op_type=fields.pop("op_type", OpType.ALLREDUCE), dtype="float32", shape=shape,
+                       reduce_op=1, seq=seq, **fields)
+
+
+def response(metas: dict[int, RequestMeta], error: str | None = None) -> Response:
+    first = metas[min(metas)]
+    return Response(first.name, 0, (0, 1), metas, error)
+
+
+def two_ranks(capacity: int = 8) -> list[ResponseCache]:
+    return [ResponseCache(capacity, rank) for rank in (0, 1)]
+
+
+def record_everywhere(caches: list[ResponseCache], *responses: Response) -> None:
+    for cache in caches:
+        for item in responses:
+            cache.record(item)
+
+
+def test_a_repeated_request_is_one_bit_and_decodes_to_the_senders_metadata():
+    caches = two_ranks()
+    mask, misses = caches[0].encode([meta("a", seq=3)])
+    assert mask == b"" and [m.name for m in misses] == ["a"]
+    record_everywhere(caches, response({0: meta("a", seq=3), 1: meta("a", seq=7)}))
+    mask, misses = caches[1].encode([meta("a", seq=11)])
+    assert misses == () and len(mask) == 1
+    (decoded,) = caches[0].decode(1, mask)
+    assert dataclasses.replace(decoded, seq=0) == meta("a")
+    assert caches[1].hits == 1 and caches[1].misses == 0
+
+
+def test_different_metadata_is_not_a_hit():
+    caches = two_ranks()
+    record_everywhere(caches, response({0: meta("a"), 1: meta("a")}))
+    mask, misses = caches[0].encode([meta("a", shape=(5,)), meta("b")])
+    assert mask == b"" and len(misses) == 2
+    mask, misses = caches[0].encode([dataclasses.replace(meta("a"), reduce_op=2)])
+    assert mask == b"" and len(misses) == 1
+
+
+def test_errors_joined_ranks_and_control_ops_are_not_cached():
+    caches = two_ranks()
+    record_everywhere(
+        caches,
+        response({0: meta("bad"), 1: meta("bad", shape=(2,))}, error="Mismatched"),
+        Response("joined", 0, (0, 1), {0: meta("joined")}),
+        response({0: meta("b", op_type=OpType.BARRIER), 1: meta("b", op_type=OpType.BARRIER)}),
+    )
+    assert len(caches[0]) == 0
+
+
+def test_slots_are_reused_least_recently_used_first_on_every_rank_alike():
+    caches = two_ranks(capacity=2)
+    record_everywhere(caches, response({0: meta("a"), 1: meta("a")}), response({0: meta("b"), 1: meta("b")}))
+    record_everywhere(caches, response({0: meta("a"), 1: meta("a")}))  # a used again: b is the oldest
+    record_everywhere(caches, response({0: meta("c"), 1: meta("c")}))  # evicts b, takes its slot
+    for cache in caches:
+        _, misses = cache.encode([meta("a"), meta("b"), meta("c")])
+        assert [m.name for m in misses] == ["b"]
+    mask0, _ = caches[0].encode([meta("c")])
+    mask1, _ = caches[1].encode([meta("c")])
+    assert mask0 == mask1 == (1 << 1).to_bytes(1, "little")
+
+
+def test_capacity_zero_turns_the_cache_off():
+    caches = two_ranks(capacity=0)
+    record_everywhere(caches, response({0: meta("a"), 1: meta("a")}))
+    assert caches[0].encode([meta("a")]) == (b"", (meta("a"),))
+
+
+def test_allgather_entries_keep_each_ranks_own_shape():
+    caches = two_ranks()
+    gather = {0: meta("g", shape=(2, 3), op_type=OpType.ALLGATHER),
+              1: meta("g", shape=(5, 3), op_type=OpType.ALLGATHER)}
+    record_everywhere(caches, response(gather))
+    mask, misses = caches[1].encode([meta("g", shape=(5, 3), op_type=OpType.ALLGATHER)])
+    assert misses == ()
+    assert caches[0].decode(1, mask)[0].shape == (5, 3)

@@ -1,4 +1,4 @@
-"""The ``torchring`` command: ``torchring run ...`` and ``torchring --version``."""
+"""The ``torchring`` command: ``torchring run ...``, ``torchring bench ...`` and ``torchring --version``."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from .bench.cli import BenchJobError, BenchUsageError, add_bench_arguments, run_bench
 from .launch.hosts import HostSpecError
 from .launch.run import add_run_arguments, config_from_args, run_job
 from .version import __version__
@@ -18,7 +19,24 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="start a training job's ranks",
                               description="Start NP ranks of COMMAND and supervise them.")
     add_run_arguments(run)
+    bench = commands.add_parser("bench", help="benchmark collectives and training (starts its own ranks)",
+                                description="Benchmark torchring against raw torch.distributed, DDP and Horovod.")
+    add_bench_arguments(bench)
     return parser
+
+
+def _bench(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    try:
+        return run_bench(args, argv)
+    except (HostSpecError, BenchUsageError) as error:
+        print(f"torchring bench: error: {error}", file=sys.stderr)
+        return 2
+    except BenchJobError as error:
+        print(f"torchring bench: error: {error}", file=sys.stderr)
+        return error.exit_code
+    except OSError as error:
+        print(f"torchring bench: error: {error}", file=sys.stderr)
+        return 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -28,6 +46,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.subcommand is None:
         parser.print_help()
         return 2
+    if args.subcommand == "bench":
+        return _bench(args, argv)
     try:
         return run_job(config_from_args(args))
     except (HostSpecError, ValueError) as error:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from .compression import Compression, Compressor
-from .handles import auto_name, check_tensor, combine, poll, submit, synchronize
+from .handles import CallableHandle, auto_name, check_tensor, combine, poll, submit, synchronize
 from .process_sets import ProcessSet, global_process_set, resolve
 from .reduction import ReduceOp, resolve_op
 from .runtime import context
@@ -126,8 +126,9 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None, op: Re
                            process_set: ProcessSet = global_process_set) -> int:
     """Start reducing a sparse COO tensor: every rank's indices and values are allgathered.
 
-    ``synchronize`` on the handle returns the sparse sum (``op=Sum``) or average (``op=Average``,
-    the default) over the process set; indices that several ranks hold are summed when coalesced.
+    Calling the handle (``handle()``), or ``synchronize`` on it, returns the sparse sum (``op=Sum``) or
+    average (``op=Average``, the default) over the process set; indices held by several ranks are summed
+    when coalesced.
     """
     if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
         raise ValueError("sparse_allreduce_async needs a sparse COO tensor; use allreduce_async for dense ones")
@@ -147,7 +148,7 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None, op: Re
             gathered_values = gathered_values / members
         return torch.sparse_coo_tensor(gathered_indices.t(), gathered_values, tensor.shape, check_invariants=True)
 
-    return combine([indices, values], finish)
+    return CallableHandle(combine([indices, values], finish))
 
 
 def _broadcast_submit(buffer: torch.Tensor, root_rank: int, name: str | None, process_set: ProcessSet,
@@ -294,7 +295,7 @@ def join(device: int = -1) -> int:
     def meta(n: str, seq: int) -> RequestMeta:
         return RequestMeta(name=n, op_type=OpType.JOIN, seq=seq)
 
-    return synchronize(submit(meta, "join", "join", None))
+    return synchronize(submit(meta, "join", None, None))
 
 
 from . import differentiable  # noqa: E402 - autograd wrappers build on the functions above

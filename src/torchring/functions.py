@@ -11,6 +11,7 @@ import torch
 
 from .collectives import allgather, broadcast_, broadcast_async_, synchronize
 from .handles import auto_name
+from .process_sets import ProcessSet, global_process_set, resolve
 from .runtime import context
 
 
@@ -38,31 +39,33 @@ def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable[Any], roo
         if not isinstance(tensor, torch.Tensor):
             raise ValueError(f"parameter {name!r} is a {type(tensor).__name__}, not a tensor")
         handles.append(broadcast_async_(tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor,
-                                        root_rank, name=f"broadcast.{name}" if name is not None else None))
+                                        root_rank, name=name))
     for handle in handles:
         synchronize(handle)
 
 
-def broadcast_object(obj: Any = None, root_rank: int = 0, name: str | None = None) -> Any:
-    """``root_rank``'s ``obj`` on every rank (pickled; other ranks may pass anything, e.g. None)."""
-    name = name or auto_name("broadcast_object")
+def broadcast_object(obj: Any = None, root_rank: int = 0, name: str | None = None,
+                     process_set: ProcessSet = global_process_set) -> Any:
+    """``root_rank``'s ``obj`` on every rank of ``process_set`` (pickled; the others may pass anything,
+    e.g. None). ``root_rank`` is a global rank."""
+    name = name or auto_name("broadcast_object", resolve(process_set))
     is_root = context.current().topology.rank == root_rank
     payload = torch.frombuffer(bytearray(_dumps(obj)), dtype=torch.uint8) if is_root else None
     length = torch.tensor([payload.numel() if payload is not None else 0], dtype=torch.int64)
-    broadcast_(length, root_rank, name=f"broadcast_object.{name}.size")
+    broadcast_(length, root_rank, name=f"{name}.sz", process_set=process_set)
     if payload is None:
         payload = torch.empty(int(length.item()), dtype=torch.uint8)
-    broadcast_(payload, root_rank, name=f"broadcast_object.{name}.data")
+    broadcast_(payload, root_rank, name=f"{name}.t", process_set=process_set)
     return obj if is_root else _loads(payload)
 
 
-def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
-    """Every rank's ``obj``, as a list in rank order."""
-    name = name or auto_name("allgather_object")
+def allgather_object(obj: Any, name: str | None = None, process_set: ProcessSet = global_process_set) -> list[Any]:
+    """Every member's ``obj``, as a list in the order of the ranks of ``process_set``."""
+    name = name or auto_name("allgather_object", resolve(process_set))
     payload = torch.frombuffer(bytearray(_dumps(obj)), dtype=torch.uint8)
-    lengths = allgather(torch.tensor([payload.numel()], dtype=torch.int64),
-                        name=f"allgather_object.{name}.size")
-    gathered = allgather(payload, name=f"allgather_object.{name}.data")
+    lengths = allgather(torch.tensor([payload.numel()], dtype=torch.int64), name=f"{name}.sz",
+                        process_set=process_set)
+    gathered = allgather(payload, name=f"{name}.t", process_set=process_set)
     objects, offset = [], 0
     for length in lengths.tolist():
         objects.append(_loads(gathered[offset:offset + length]))
@@ -135,7 +138,9 @@ def _state_layout(state_dict: dict[str, Any]) -> dict[str, Any]:
 
 
 def _initialize_state(optimizer: torch.optim.Optimizer) -> None:
-    """Run one zero-gradient step so the optimizer creates its state, leaving parameters as they were."""
+    """Run one zero-gradient step so the optimizer creates its state, leaving parameters as they were.
+
+    Parameters without a gradient keep the zero gradient afterwards, as in Horovod."""
     saved = []
     for group in optimizer.param_groups:
         for param in group["params"]:
@@ -147,4 +152,7 @@ def _initialize_state(optimizer: torch.optim.Optimizer) -> None:
     with torch.no_grad():
         for param, data, grad in saved:
             param.data.copy_(data)
-            param.grad = grad
+            if grad is not None:
+                param.grad = grad
+            else:
+                param.grad.zero_()

@@ -15,7 +15,7 @@ from .collectives import (
     reducescatter_meta,
 )
 from .compression import Compression, Compressor
-from .handles import auto_name, check_tensor, make_request, submit_group, synchronize
+from .handles import auto_name, check_tensor, make_request, request_name, submit_group, synchronize
 from .process_sets import ProcessSet, global_process_set, resolve
 from .reduction import ReduceOp, resolve_op
 from .runtime.requests import Request, RequestMeta
@@ -31,8 +31,11 @@ def _group_requests(kind: str, name: str | None, buffers: Sequence[torch.Tensor]
                     process_set: int) -> list[Request]:
     if not buffers:
         raise ValueError(f"{kind} needs at least one tensor")
-    group = name or auto_name(kind, process_set)
-    return [make_request(meta_for(buffer, group, len(buffers)), kind, f"{group}.{index}", buffer, process_set)
+    group = request_name(kind.removeprefix("grouped_"), name, process_set) if name \
+        else auto_name(kind, process_set)
+    count = len(buffers)
+    return [make_request(meta_for(buffer, group, count), kind, None, buffer, process_set,
+                         full_name=f"{group}_{index + 1}of{count}")
             for index, buffer in enumerate(buffers)]
 
 

@@ -111,10 +111,18 @@ def _ready_event(tensor: torch.Tensor | None) -> Any:
 MetaFactory = Callable[[str, int], RequestMeta]
 
 
+def request_name(kind: str, name: str | None, process_set: int = 0) -> str:
+    """The name a request is negotiated under: ``<kind>.<name>`` as in Horovod (so the same user name may
+    be used by different kinds of operation at once), or ``<kind>.noname.<n>`` without a name."""
+    return f"{kind}.{name}" if name else auto_name(kind, process_set)
+
+
 def make_request(meta_for: MetaFactory, kind: str, name: str | None, buffer: torch.Tensor | None,
-                 process_set: int = 0) -> Request:
-    """A request named ``name`` (or automatically) with this rank's next submission number."""
-    return Request(meta_for(name or auto_name(kind, process_set), _table.next_seq()), buffer, _ready_event(buffer))
+                 process_set: int = 0, full_name: str | None = None) -> Request:
+    """A request named after ``kind`` and ``name`` (or ``full_name`` exactly) with this rank's next
+    submission number."""
+    negotiated = full_name or request_name(kind, name, process_set)
+    return Request(meta_for(negotiated, _table.next_seq()), buffer, _ready_event(buffer))
 
 
 def submit(meta_for: MetaFactory, kind: str, name: str | None, buffer: torch.Tensor | None,
@@ -143,6 +151,13 @@ class _CombinedCompletion:
 
     def wait(self) -> list[Any]:
         return [synchronize(number) for number in self.numbers]
+
+
+class CallableHandle(int):
+    """A handle that can also be called to wait for its result (Horovod's sparse allreduce handles)."""
+
+    def __call__(self) -> Any:
+        return synchronize(self)
 
 
 def combine(handles: Sequence[int], finish: Callable[[list[Any]], Any]) -> int:

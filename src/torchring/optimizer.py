@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 
-from .basics import size
 from .collectives import allgather_async, allreduce_async_
 from .collectives import synchronize as wait_handle
 from .compression import Compression, Compressor
+from .process_sets import ProcessSet, global_process_set
 from .reduction import Average, ReduceOp, resolve_op
 
 _Param = torch.nn.Parameter
@@ -66,12 +66,21 @@ def _split_groups(groups: int | Sequence[Sequence[torch.Tensor]] | None,
         per_group = -(-len(params) // groups)
         return [params[i:i + per_group] for i in range(0, len(params), per_group)]
     known = {id(p) for p in params}
+    seen: set[int] = set()
     result = []
     for group in groups:
-        members = list(group)
-        if any(id(p) not in known for p in members):
-            raise ValueError("groups contains a tensor that is not a parameter of this optimizer")
-        result.append(members)
+        members = []
+        for param in group:
+            if not isinstance(param, torch.Tensor):
+                raise ValueError("groups must be a number of groups or a list of lists of parameters (tensors), "
+                                 f"got a {type(param).__name__}")
+            if id(param) in seen:
+                raise ValueError("A parameter can only appear once in groups.")
+            seen.add(id(param))
+            if id(param) in known:  # tensors that are not trainable parameters here are ignored, as in Horovod
+                members.append(param)
+        if members:
+            result.append(members)
     return result
 
 
@@ -80,8 +89,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _setup_distributed(self, named_parameters: Sequence[Any] | None, compression: type[Compressor],
                            backward_passes_per_step: int, op: ReduceOp, gradient_predivide_factor: float,
-                           groups: Any, sparse_as_dense: bool) -> None:
+                           groups: Any, sparse_as_dense: bool, process_set: ProcessSet) -> None:
         params = [p for group in self.param_groups for p in group["params"]]
+        self._process_set = process_set
         if named_parameters is not None:
             self._parameter_names = _validate_named_parameters(list(named_parameters), params)
         else:
@@ -104,8 +114,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         self._hook_handles = []
-        if size() > 1:
+        if self._reduces():
             self._hook_handles = [p.register_post_accumulate_grad_hook(self._gradient_ready) for p in self._params]
+
+    def _reduces(self) -> bool:
+        """True when this rank reduces gradients with others: a member of a set of more than one rank."""
+        return self._process_set.included() and self._process_set.size() > 1
 
     # ---- hooks ----------------------------------------------------------------------------------
 
@@ -143,7 +157,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self.op is ReduceOp.AVERAGE and self.gradient_predivide_factor != 1.0:
             prescale, postscale = 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
         handle = allreduce_async_(compressed, name=self._parameter_names[param], op=self.op,
-                                  prescale_factor=prescale, postscale_factor=postscale)
+                                  prescale_factor=prescale, postscale_factor=postscale,
+                                  process_set=self._process_set)
         return handle, ctx
 
     def _zero_gradient(self, param: torch.Tensor) -> torch.Tensor:
@@ -169,8 +184,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         grad = param.grad.coalesce()
         self._sparse_dims[param] = grad.sparse_dim()
         values, ctx = self._compression.compress(grad.values())
-        return _SparseReduction(indices=allgather_async(grad.indices().t().contiguous(), name=f"{name}.indices"),
-                                values=allgather_async(values, name=f"{name}.values"),
+        indices = allgather_async(grad.indices().t().contiguous(), name=f"{name}.indices",
+                                  process_set=self._process_set)
+        return _SparseReduction(indices=indices,
+                                values=allgather_async(values, name=f"{name}.values", process_set=self._process_set),
                                 shape=grad.shape, compression_ctx=ctx)
 
     def _sparse_result(self, reduction: _SparseReduction) -> torch.Tensor:
@@ -178,13 +195,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         indices = wait_handle(reduction.indices).t()
         values = self._compression.decompress(wait_handle(reduction.values), reduction.compression_ctx)
         total = torch.sparse_coo_tensor(indices, values, reduction.shape, check_invariants=True).coalesce()
-        return total / size() if self.op is ReduceOp.AVERAGE else total
+        return total / self._process_set.size() if self.op is ReduceOp.AVERAGE else total
 
     # ---- public API -----------------------------------------------------------------------------
 
     def synchronize(self) -> None:
         """Wait until every gradient has been reduced across ranks (``step()`` calls it for you)."""
-        if size() == 1:
+        if not self._reduces():
             self._synchronized = True
             return
         for param in self._params:
@@ -237,6 +254,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """The wrapped optimizer's step, without reducing gradients."""
         return super().step(closure)
 
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load optimizer state; reductions still pending from an interrupted step are dropped."""
+        self._handles.clear()
+        self._group_ready.clear()
+        self._allreduce_delay = {p: self.backward_passes_per_step for p in self._params}
+        self._synchronized = False
+        self._should_synchronize = True
+        super().load_state_dict(state_dict)
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._handles:
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
@@ -253,7 +279,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          gradient_predivide_factor: float = 1.0,
                          num_groups: int = 0,
                          groups: int | Sequence[Sequence[torch.Tensor]] | None = None,
-                         sparse_as_dense: bool = False) -> torch.optim.Optimizer:
+                         sparse_as_dense: bool = False,
+                         process_set: ProcessSet = global_process_set) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` uses gradients averaged (``op``) over all ranks.
 
     The result is an instance of a subclass of the optimizer's own class, sharing its parameter groups
@@ -267,19 +294,24 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     result replaces ``p.grad`` as a coalesced sparse tensor: the sum for ``op=Sum``, divided by
     ``size()`` for ``op=Average``; other ops raise ``ValueError``. A parameter's gradient must be
     sparse on every rank or on none.
+
+    With ``process_set``, gradients are reduced among its members only; on other ranks the optimizer
+    steps on local gradients.
     """
     resolved = resolve_op(op, None)
     if gradient_predivide_factor != 1.0 and resolved is not ReduceOp.AVERAGE:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if backward_passes_per_step < 1:
         raise ValueError("backward_passes_per_step must be at least 1")
-    if num_groups and groups is None:
-        groups = num_groups
+    if num_groups:
+        warnings.warn("num_groups is deprecated; use groups= instead", DeprecationWarning, stacklevel=2)
+        if groups is None:
+            groups = num_groups
     cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
     if hasattr(wrapped, "_patch_step_function"):
         wrapped._patch_step_function()
     wrapped._setup_distributed(named_parameters, compression, backward_passes_per_step, resolved,
-                               gradient_predivide_factor, groups, sparse_as_dense)
+                               gradient_predivide_factor, groups, sparse_as_dense, process_set)
     return wrapped

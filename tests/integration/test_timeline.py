@@ -12,12 +12,12 @@ def test_timeline_of_a_short_training_run(tmp_path):
     assert result.returncode == 0, result.stderr
     events = json.loads(path.read_text())
     tensors = {e["args"]["name"] for e in events if e.get("name") == "process_name"}
-    assert {"0.weight", "0.bias", "2.weight", "2.bias"} <= tensors
+    assert {"allreduce.0.weight", "allreduce.0.bias", "allreduce.2.weight", "allreduce.2.bias"} <= tensors
     names = {e.get("name") for e in events}
     assert {"NEGOTIATE_ALLREDUCE", "ALLREDUCE", "GLOO_ALLREDUCE", "NEGOTIATE_BROADCAST", "BROADCAST",
             "MEMCPY_IN_FUSION_BUFFER", "MEMCPY_OUT_FUSION_BUFFER", "CYCLE_START", "0", "1"} <= names
     pids = {e["args"]["name"]: e["pid"] for e in events if e.get("name") == "process_name"}
-    fused_pid = pids["fused.pair.0"]
+    fused_pid = pids["allreduce.fused.pair_1of2"]
     assert "MEMCPY_IN_FUSION_BUFFER" in {e.get("name") for e in events if e["pid"] == fused_pid}
     closing = [e for e in events if e["ph"] == "E" and "args" in e]
     assert any(e["args"] == {"dtype": "float32", "shape": "[4, 8]"} for e in closing)

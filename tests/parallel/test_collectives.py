@@ -216,7 +216,7 @@ def test_start_and_stop_timeline_at_run_time(rank, tmp_path_factory):
     if rank == 0:
         with open(path) as file:
             names = {e["args"]["name"] for e in json.load(file) if e.get("name") == "process_name"}
-        assert "timed.tensor" in names and "untimed.tensor" not in names
+        assert "allreduce.timed.tensor" in names and "allreduce.untimed.tensor" not in names
 
 
 def test_repeated_requests_hit_the_response_cache_and_mismatches_are_still_caught(rank, size):

@@ -31,13 +31,12 @@ def test_mismatched_dtypes(rank):
                     "dtype.check", "float64", "float32")
 
 
-def test_mismatched_operations(rank):
-    def op():
-        if rank == 1:
-            hvd.broadcast(torch.ones(3), 0, name="op.check")
-        else:
-            hvd.allreduce(torch.ones(3), name="op.check")
-    expect_mismatch(op, "op.check", "broadcast", "allreduce")
+def test_different_operations_may_share_a_name(rank, size):
+    """As in Horovod, requests are named after their operation: allreduce 'x' and broadcast 'x' coexist."""
+    reduced = hvd.allreduce_async(torch.full((3,), float(rank)), name="shared.name", op=hvd.Sum)
+    broadcast = hvd.broadcast_async(torch.full((3,), float(rank)), 0, name="shared.name")
+    assert torch.equal(hvd.synchronize(broadcast), torch.zeros(3))
+    assert torch.equal(hvd.synchronize(reduced), torch.full((3,), float(sum(range(size)))))
 
 
 def test_mismatched_reduction_ops(rank):

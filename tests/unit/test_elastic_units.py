@@ -42,10 +42,13 @@ def test_missing_and_corrupt_checkpoints(tmp_path):
 def test_sampler_before_init_covers_the_dataset_once():
     sampler = ElasticSampler(list(range(7)), shuffle=False)
     assert list(sampler) == list(range(7)) and len(sampler) == 7
-    sampler.record_batch(1, 3)
-    assert sampler.processed_indices == {3, 4, 5}
+    sampler.record_batch(0, 3)
+    assert sampler.state_dict() == {"epoch": 0, "processed_num": 3}
     sampler.load_state_dict(sampler.state_dict())
-    assert list(sampler) == [0, 1, 2, 6]
+    assert list(sampler) == [3, 4, 5, 6] and len(sampler) == 4
+    sampler.record_indices([5])
+    sampler.load_state_dict(sampler.state_dict())
+    assert list(sampler) == [3, 4, 6]
     shuffled = ElasticSampler(list(range(50)), shuffle=True, seed=1)
     assert sorted(shuffled) == list(range(50)) and list(shuffled) != list(range(50))
 

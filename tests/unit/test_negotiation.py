@@ -136,3 +136,14 @@ def test_unknown_process_set_is_an_invalid_request():
     table.record(0, [allreduce("a", process_set=9)])
     (response,) = table.take_ready()
     assert response.error_kind == "invalid"
+
+
+def test_stall_hint_names_another_operation_submitted_under_the_same_name():
+    negotiator = Negotiator(2, lambda process_set: (0, 1))
+    negotiator.record(0, [RequestMeta("allreduce.grad", OpType.ALLREDUCE, "float32", (3,), reduce_op=1)])
+    negotiator.record(1, [RequestMeta("broadcast.grad", OpType.BROADCAST, "float32", (3,), root_rank=0)])
+    assert negotiator.take_ready() == []
+    key = (0, "allreduce.grad")
+    assert negotiator.same_name_hint(key, negotiator.missing_ranks(key, negotiator.pending[key])) == \
+        "; rank 1 submitted broadcast.grad instead"
+    assert negotiator.same_name_hint((0, "broadcast.grad"), [1]) == ""

@@ -69,7 +69,7 @@ class OptimizerHandler(StateHandler):
 
 
 class SamplerHandler(StateHandler):
-    """An ``ElasticSampler``: the samples processed by any rank count as processed for all."""
+    """An ``ElasticSampler``: its progress is job wide; indices marked by any rank count for all."""
 
     def save(self) -> None:
         self.saved = copy.deepcopy(self.value.state_dict())
@@ -79,19 +79,39 @@ class SamplerHandler(StateHandler):
 
     def sync(self) -> None:
         state = self.value.state_dict()
-        state["processed_indices"] = _union(allgather_object(state["processed_indices"],
-                                                             name=f"elastic.{self.name}.processed"))
+        merged = _union(allgather_object(state.get("processed_indices", []), name=f"elastic.{self.name}.indices"))
+        if merged:
+            state["processed_indices"] = merged
         self.value.load_state_dict(broadcast_object(state, root_rank=0, name=f"elastic.{self.name}"))
 
     def snapshot(self) -> Any:
-        merged = dict(self.saved)
-        merged["processed_indices"] = _union(allgather_object(self.saved["processed_indices"],
-                                                              name=f"elastic.{self.name}.snapshot"))
-        return merged
+        merged = _union(allgather_object(self.saved.get("processed_indices", []),
+                                         name=f"elastic.{self.name}.snapshot"))
+        return {**self.saved, "processed_indices": merged} if merged else dict(self.saved)
+
+
+class SchedulerHandler(StateHandler):
+    """A learning-rate scheduler: its ``state_dict``, synchronised from rank 0."""
+
+    def save(self) -> None:
+        self.saved = copy.deepcopy(self.value.state_dict())
+
+    def restore(self) -> None:
+        self.value.load_state_dict(copy.deepcopy(self.saved))
+
+    def sync(self) -> None:
+        self.value.load_state_dict(broadcast_object(self.value.state_dict(), root_rank=0,
+                                                    name=f"elastic.{self.name}"))
 
 
 def _union(index_lists: list[list[int]]) -> list[int]:
     return sorted(set().union(*index_lists)) if index_lists else []
+
+
+def is_special(value: Any) -> bool:
+    """True for values kept by a dedicated handler (modules, optimizers, samplers, schedulers)."""
+    return isinstance(value, (torch.nn.Module, torch.optim.Optimizer, ElasticSampler,
+                              torch.optim.lr_scheduler.LRScheduler))
 
 
 def handler_for(name: str, value: Any) -> StateHandler:
@@ -102,4 +122,6 @@ def handler_for(name: str, value: Any) -> StateHandler:
         return OptimizerHandler(name, value)
     if isinstance(value, ElasticSampler):
         return SamplerHandler(name, value)
+    if isinstance(value, torch.optim.lr_scheduler.LRScheduler):
+        return SchedulerHandler(name, value)
     return StateHandler(name, value)

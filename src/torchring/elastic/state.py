@@ -15,7 +15,7 @@ from .. import basics
 from ..exceptions import HostsUpdatedInterrupt
 from ..functions import broadcast_object
 from .checkpoint import read_checkpoint, resolve_checkpoint_dir, write_checkpoint
-from .handlers import handler_for
+from .handlers import handler_for, is_special
 from .membership import current_hosts_version, elastic_mode
 
 logger = logging.getLogger("torchring.elastic")
@@ -48,7 +48,11 @@ class State:
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in self._handlers:
-            self._handlers[name].value = value
+            handler = self._handlers[name]
+            if is_special(value) or is_special(handler.value):  # a new model/optimizer/...: keep it as committed
+                self._handlers[name] = handler_for(name, value)
+            else:
+                handler.value = value
         elif name.startswith("_"):
             object.__setattr__(self, name, value)
         else:
@@ -169,5 +173,4 @@ class TorchState(ObjectState):
 
     def __init__(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
                  checkpoint_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> None:
-        values = {key: value for key, value in (("model", model), ("optimizer", optimizer)) if value is not None}
-        super().__init__(checkpoint_dir, **values, **kwargs)
+        super().__init__(checkpoint_dir, model=model, optimizer=optimizer, **kwargs)

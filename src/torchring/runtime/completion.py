@@ -23,11 +23,18 @@ class Launched:
 
     work: dist.Work | None
     finish: Callable[[], Any]
+    #: Set when the collective could not even start: only its own requests fail.
+    error: BaseException | None = None
 
     @classmethod
     def done(cls, result: Any) -> Launched:
         """A result that needs no waiting (single-rank sets, CUDA work already synchronised, barriers)."""
         return cls(None, lambda: result)
+
+    @classmethod
+    def failed(cls, error: BaseException) -> Launched:
+        """A collective that could not start (e.g. a dtype the backend cannot move)."""
+        return cls(None, lambda: None, error)
 
 
 OnDone = Callable[[Any, BaseException | None], None]
@@ -85,6 +92,9 @@ class Completer:
                     self._cond.notify_all()
 
     def _complete(self, launched: Launched, on_done: OnDone) -> None:
+        if launched.error is not None:
+            on_done(None, launched.error)
+            return
         try:
             if launched.work is not None:
                 launched.work.wait()

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..exceptions import HorovodInternalError, TensorMismatchError
-from .completion import Completer
+from .completion import Completer, Launched
 from .control import ControlChannel
 from .executor import Executor
 from .fusion import plan_batches
@@ -305,7 +305,10 @@ class Engine:
         meta = response.template
         timeline.op_start(response.name, op_type.value)
         timeline.activity_start(response.name, _backend_activity(response))
-        launched = self._executor.launch(response, request)
+        try:
+            launched = self._executor.launch(response, request)
+        except Exception as error:  # noqa: BLE001 - e.g. a dtype the backend cannot move: fail this request only
+            launched = Launched.failed(error)
 
         def on_done(result: object, error: BaseException | None) -> None:
             timeline.activity_end(response.name)
@@ -340,7 +343,10 @@ class Engine:
         timeline = self.timeline
         for response in batch:
             timeline.op_start(response.name, response.op_type.value)
-        launched = self._executor.launch_fused(batch, requests, timeline, _backend_activity(batch[0]))
+        try:
+            launched = self._executor.launch_fused(batch, requests, timeline, _backend_activity(batch[0]))
+        except Exception as error:  # noqa: BLE001 - fail these requests only
+            launched = Launched.failed(error)
 
         def on_done(results: list[object] | None, error: BaseException | None) -> None:
             for index, (response, request) in enumerate(zip(batch, requests, strict=True)):
@@ -401,7 +407,8 @@ class Engine:
         for key, entry in entries:
             missing = self._negotiator.missing_ranks(key, entry)
             where = f" (process set {key[0]})" if key[0] else ""
-            lines.append(f"  {key[1]}{where}: waiting for ranks {missing} (ready on {sorted(entry.metas)})")
+            lines.append(f"  {key[1]}{where}: waiting for ranks {missing} (ready on {sorted(entry.metas)})"
+                         + self._negotiator.same_name_hint(key, missing))
         return lines
 
     def _stall_check_interval(self) -> float:

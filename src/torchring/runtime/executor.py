@@ -7,6 +7,7 @@ shaped like the other ranks' tensors.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -69,8 +70,18 @@ def _scale(tensor: torch.Tensor, factor: float) -> None:
 
 
 def _wire_view(tensor: torch.Tensor) -> torch.Tensor:
-    """Gloo moves no bool tensors; send their bytes instead."""
-    return tensor.view(torch.uint8) if tensor.dtype == torch.bool else tensor
+    """What Gloo can move: bool and int16 tensors travel as bytes (dimension 0 is kept, for splits)."""
+    if tensor.dtype == torch.bool:
+        return tensor.view(torch.uint8)
+    if tensor.dtype == torch.int16:
+        rows = tensor.shape[0] if tensor.dim() else 1
+        per_row = math.prod(tensor.shape[1:]) if tensor.dim() else 1
+        return tensor.view(rows, per_row).view(torch.uint8)
+    return tensor
+
+
+#: Gloo cannot reduce these; they are reduced in a wider type and converted back.
+_REDUCE_AS = {torch.int16: torch.int32}
 
 
 def _zeros_like_meta(meta: RequestMeta, first_dim: int | None = None) -> torch.Tensor:
@@ -138,12 +149,16 @@ class Executor:
         storage = self.fusion_buffers.acquire(buffers[0], sum(sizes))
         fused = storage[: sum(sizes)]
         names = [response.name for response in batch]
-        self._activity(timeline, names, "MEMCPY_IN_FUSION_BUFFER")
-        torch.cat([buffer.reshape(-1) for buffer in buffers], out=fused)
-        self._activity(timeline, names, backend_activity)
-        size = len(first.members)
-        group = self.process_sets.groups(first.process_set).for_device(first.template.device, size)
-        reduction = self._start_reduce(fused, first.template, group, size)
+        try:
+            self._activity(timeline, names, "MEMCPY_IN_FUSION_BUFFER")
+            torch.cat([buffer.reshape(-1) for buffer in buffers], out=fused)
+            self._activity(timeline, names, backend_activity)
+            size = len(first.members)
+            group = self.process_sets.groups(first.process_set).for_device(first.template.device, size)
+            reduction = self._start_reduce(fused, first.template, group, size)
+        except BaseException:
+            self.fusion_buffers.release(storage)
+            raise
 
         def finish() -> list[torch.Tensor]:
             try:
@@ -196,19 +211,23 @@ class Executor:
         """Prescale and start the allreduce of ``buffer``; finishing averages and postscales it in place."""
         op = ReduceOp(meta.reduce_op)
         _scale(buffer, meta.prescale_factor)
+        wide_dtype = _REDUCE_AS.get(buffer.dtype) if group is not None else None
+        wire = buffer.to(wide_dtype) if wide_dtype is not None else buffer
 
         def start(group: dist.ProcessGroup) -> dist.Work:
             options = dist.AllreduceOptions()
             options.reduceOp = _C10D_REDUCE_OPS[op]
-            return group.allreduce([buffer], options)
+            return group.allreduce([wire], options)
 
         def finish() -> torch.Tensor:
-            if op is ReduceOp.AVERAGE:
-                if buffer.dtype.is_floating_point or buffer.dtype.is_complex:
+            if wire is not buffer:
+                buffer.copy_(wire)
+            if buffer.dtype.is_floating_point or buffer.dtype.is_complex:
+                if op is ReduceOp.AVERAGE:
                     buffer.div_(size)
-                else:
-                    buffer.floor_divide_(size)
-            _scale(buffer, meta.postscale_factor)
+                _scale(buffer, meta.postscale_factor)
+            else:  # integers: one scaling in float64, truncated toward zero (as Horovod does)
+                _scale(buffer, meta.postscale_factor / size if op is ReduceOp.AVERAGE else meta.postscale_factor)
             return buffer
 
         return _launch(group, start, finish)

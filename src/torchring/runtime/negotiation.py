@@ -200,3 +200,17 @@ class Negotiator:
         """Members that have neither submitted ``entry`` nor joined."""
         members = self.members_of(key[0]) or ()
         return [rank for rank in members if rank not in entry.metas and rank not in self.joined]
+
+    def same_name_hint(self, key: RequestKey, missing: Sequence[int]) -> str:
+        """'; rank 1 submitted broadcast.x instead' when missing ranks sent another operation of that name."""
+        process_set, name = key
+        _, _, user_name = name.partition(".")
+        hints = []
+        for (other_set, other_name), entry in self.pending.items():
+            if other_set != process_set or other_name == name or other_name.partition(".")[2] != user_name:
+                continue
+            senders = sorted(set(entry.metas) & set(missing))
+            if senders:
+                who = f"rank {senders[0]}" if len(senders) == 1 else "ranks " + ",".join(map(str, senders))
+                hints.append(f"{who} submitted {other_name} instead")
+        return f"; {'; '.join(hints)}" if hints else ""

@@ -1,0 +1,107 @@
+"""The collectives benchmark, on every rank: torchring's operations against raw torch.distributed.
+
+For each operation and size, the two implementations run in alternating order, iteration by
+iteration, so that noise hits both alike. Each iteration starts after a barrier on the raw group; its
+time is the slowest rank's (reduced with MAX at the end).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import torchring
+
+from .options import CollectivesOptions
+from .sizes import ELEMENT_BYTES, format_size
+from .stats import Summary, algbw, algorithm_bytes, busbw
+
+#: Bytes each (operation, size) measurement moves when iterations are chosen automatically.
+TARGET_BYTES = 512 * 1024**2
+MIN_ITERS = 3
+MAX_ITERS = 50
+MAX_WARMUP = 5
+
+IMPLEMENTATIONS = ("torchring", "raw")
+
+# torch.distributed's allgather into one tensor: ``all_gather_single`` since torch 2.12, before that
+# ``all_gather_into_tensor`` (now deprecated, with a warning).
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def schedule(size: int, iters: int | None = None, warmup: int | None = None) -> tuple[int, int]:
+    """(warm-up, timed) iterations for ``size`` bytes: about ``TARGET_BYTES`` in all, between
+    ``MIN_ITERS`` and ``MAX_ITERS`` timed; explicit values win."""
+    if iters is None:
+        iters = max(MIN_ITERS, min(MAX_ITERS, TARGET_BYTES // size))
+    if warmup is None:
+        warmup = max(1, min(MAX_WARMUP, iters // 5))
+    return warmup, iters
+
+
+def _operations(op: str, size: int, rank: int, world_size: int) -> dict[str, Callable[[], Any]]:
+    """One no-argument call per implementation of ``op`` on a float32 tensor of ``size`` bytes."""
+    tensor = torch.full((size // ELEMENT_BYTES,), float(rank + 1))
+    name = f"bench.{op}.{size}"
+    if op == "allreduce":
+        # Sum on both sides; the raw one reduces in place (values grow, which costs nothing extra).
+        raw = tensor.clone()
+        return {"torchring": lambda: torchring.allreduce(tensor, name=name, op=torchring.Sum),
+                "raw": lambda: dist.all_reduce(raw, op=dist.ReduceOp.SUM)}
+    if op == "allgather":
+        gathered = torch.empty(tensor.numel() * world_size)
+        return {"torchring": lambda: torchring.allgather(tensor, name=name),
+                "raw": lambda: _all_gather_single(gathered, tensor)}
+    if op == "broadcast":
+        return {"torchring": lambda: torchring.broadcast(tensor, root_rank=0, name=name),
+                "raw": lambda: dist.broadcast(tensor, src=0)}
+    raise ValueError(f"unknown collective {op!r}")
+
+
+def measure(op: str, size: int, warmup: int, iters: int) -> dict[str, list[float]]:
+    """Per-iteration seconds (the slowest rank's) of each implementation of ``op`` at ``size`` bytes."""
+    calls = _operations(op, size, dist.get_rank(), dist.get_world_size())
+    times = torch.zeros(len(IMPLEMENTATIONS), iters, dtype=torch.float64)
+    for iteration in range(warmup + iters):
+        order = range(len(IMPLEMENTATIONS)) if iteration % 2 == 0 else reversed(range(len(IMPLEMENTATIONS)))
+        for index in order:
+            dist.barrier()
+            start = time.perf_counter()
+            calls[IMPLEMENTATIONS[index]]()
+            elapsed = time.perf_counter() - start
+            if iteration >= warmup:
+                times[index, iteration - warmup] = elapsed
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    return {impl: times[index].tolist() for index, impl in enumerate(IMPLEMENTATIONS)}
+
+
+def _implementation_result(op: str, size: int, world_size: int, seconds: list[float]) -> dict[str, Any]:
+    latency = Summary.of([s * 1000.0 for s in seconds])
+    median_s = latency.median / 1000.0
+    return {"latency_ms": latency.to_dict(),
+            "algbw_gbps": algbw(op, size, world_size, median_s) / 1e9,
+            "busbw_gbps": busbw(op, size, world_size, median_s) / 1e9}
+
+
+def run_collectives(options: CollectivesOptions, log: Callable[[str], None]) -> dict[str, Any]:
+    """Measure every operation at every size; the result rank 0 reports."""
+    world_size = dist.get_world_size()
+    results = []
+    for op in options.ops:
+        for size in options.sizes:
+            warmup, iters = schedule(size, options.iters, options.warmup)
+            seconds = measure(op, size, warmup, iters)
+            entry = {"op": op, "bytes": size, "algorithm_bytes": algorithm_bytes(op, size, world_size),
+                     "warmup": warmup, "iters": iters}
+            for impl in IMPLEMENTATIONS:
+                entry[impl] = _implementation_result(op, size, world_size, seconds[impl])
+            entry["ratio"] = entry["torchring"]["latency_ms"]["median"] / entry["raw"]["latency_ms"]["median"]
+            results.append(entry)
+            log(f"{op:<9} {format_size(size):>5}: torchring {entry['torchring']['latency_ms']['median']:.3f} ms, "
+                f"raw gloo {entry['raw']['latency_ms']['median']:.3f} ms, ratio {entry['ratio']:.2f} "
+                f"({iters} iterations)")
+    return {"mode": "collectives", "ops": list(options.ops), "sizes": list(options.sizes), "results": results}

@@ -1,0 +1,95 @@
+"""Results as plain-text tables (Markdown, aligned, so they read well in a terminal and paste anywhere)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .sizes import format_size
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool] | None = None) -> str:
+    """An aligned Markdown table; ``right[i]`` right-aligns column i (numbers)."""
+    right = list(right) if right is not None else [False] * len(headers)
+    if len(right) != len(headers) or any(len(row) != len(headers) for row in rows):
+        raise ValueError("every row and the alignment need one entry per header")
+    widths = [max(3, len(header), *(len(row[i]) for row in rows)) for i, header in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        padded = [cell.rjust(w) if r else cell.ljust(w) for cell, w, r in zip(cells, widths, right, strict=True)]
+        return "| " + " | ".join(padded) + " |"
+
+    rule = "|" + "|".join("-" * (w + 1) + ":" if r else "-" * (w + 2) for w, r in zip(widths, right, strict=True))
+    return "\n".join([line(headers), rule + "|", *(line(row) for row in rows)])
+
+
+def _number(value: float | None, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def _ms(value: float) -> str:
+    return f"{value:.3f}" if value < 100 else f"{value:.1f}"
+
+
+def describe_job(result: Mapping[str, Any]) -> str:
+    """A line or two about where, with what and on what the numbers were measured."""
+    meta = result.get("meta", {})
+    hosts = ", ".join(sorted(set(meta.get("hostnames", [])))) or "?"
+    ranks = f"{meta.get('world_size', '?')} ranks"
+    if result.get("mode") == "scaling":
+        ranks = f"{result['framework']} at 1..{meta.get('world_size', '?')} ranks"
+    text = (f"{ranks} on {hosts}; torch {meta.get('torch_version', '?')}, torchring "
+            f"{meta.get('torchring_version', '?')}, {meta.get('threads', '?')} thread(s) per rank")
+    if result.get("mode") in ("train", "scaling"):
+        text += (f"\nmodel {result['model']}, batch {result['batch_size']} per rank, {result['rounds']} round(s) of "
+                 f"{result['warmup_batches']} warm-up + {result['batches_per_round']} timed batches")
+    return text
+
+
+def collectives_table(result: Mapping[str, Any]) -> str:
+    """One row per operation and size: median latencies (ms), their ratio, and bandwidths (GB/s)."""
+    headers = ["op", "size", "iters", "torchring ms", "raw ms", "ratio", "torchring algbw", "torchring busbw",
+               "raw algbw", "raw busbw"]
+    rows = []
+    for entry in result["results"]:
+        ours, raw = entry["torchring"], entry["raw"]
+        rows.append([entry["op"], format_size(entry["bytes"]), str(entry["iters"]),
+                     _ms(ours["latency_ms"]["median"]), _ms(raw["latency_ms"]["median"]), _number(entry["ratio"]),
+                     _number(ours["algbw_gbps"], 3), _number(ours["busbw_gbps"], 3),
+                     _number(raw["algbw_gbps"], 3), _number(raw["busbw_gbps"], 3)])
+    return markdown_table(headers, rows, [False, True, True, True, True, True, True, True, True, True])
+
+
+COLLECTIVES_LEGEND = ("ms: median latency; ratio: torchring ms / raw ms; algbw, busbw: GB/s (10^9 bytes/s) "
+                      "at the median latency; raw: torch.distributed on a plain gloo group")
+
+
+def train_table(result: Mapping[str, Any]) -> str:
+    """One row per framework: mean img/s ± its 95% interval, per rank, and the ratio to DDP (ratio of the
+    means, ± the 95% interval of the per-round ratios)."""
+    headers = ["framework", "img/s", "± 95%", "img/s per rank", "vs ddp", "± 95%"]
+    world_size = result.get("meta", {}).get("world_size", 1)
+    rows = []
+    for name, entry in result["frameworks"].items():
+        summary = entry["summary"]
+        per_round = entry.get("ratio_to_ddp_per_round") or {}
+        rows.append([name, _number(summary["mean"], 1), _number(summary["ci95"], 1),
+                     _number(summary["mean"] / world_size, 1), _number(entry.get("ratio_to_ddp")),
+                     _number(per_round.get("ci95")) if name != "ddp" and per_round else ""])
+    return markdown_table(headers, rows, [False, True, True, True, True, True])
+
+
+def scaling_table(result: Mapping[str, Any]) -> str:
+    """One row per job size: mean img/s ± 95%, and efficiency (img/s at n) / (n × img/s at 1)."""
+    headers = ["ranks", "img/s", "± 95%", "img/s per rank", "efficiency"]
+    rows = []
+    for run in result["runs"]:
+        summary = run["summary"]
+        rows.append([str(run["world_size"]), _number(summary["mean"], 1), _number(summary["ci95"], 1),
+                     _number(summary["mean"] / run["world_size"], 1), _number(run["efficiency"])])
+    return markdown_table(headers, rows, [True, True, True, True, True])
+
+
+def notes(result: Mapping[str, Any]) -> list[str]:
+    """Lines about frameworks that were skipped."""
+    return [f"note: {name} skipped: {reason}" for name, reason in result.get("skipped", {}).items()]

@@ -1,0 +1,160 @@
+"""The training benchmark, on every rank: the same model trained on synthetic data by several
+frameworks in alternating rounds, so that they share the machine's noise.
+
+Each framework has its own copy of the model and its own optimizer (SGD, lr 0.01, momentum 0.9,
+cross-entropy). A round runs each framework in turn (the order rotates every round): warm-up
+batches, a barrier, then timed batches. Throughput is job-wide: ``batch_size × ranks × batches``
+over the slowest rank's time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+import torchring
+
+from .models import NUM_CLASSES, build_model, input_shape
+from .options import TrainOptions
+from .stats import Summary
+
+Step = Callable[[], None]
+
+
+def _sgd(model: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+
+def _step(model: nn.Module, optimizer: torch.optim.Optimizer, data: torch.Tensor, target: torch.Tensor) -> Step:
+    def step() -> None:
+        optimizer.zero_grad()
+        F.cross_entropy(model(data), target).backward()
+        optimizer.step()
+
+    return step
+
+
+def torchring_step(model_name: str, data: torch.Tensor, target: torch.Tensor) -> Step:
+    """torchring: parameters broadcast from rank 0, gradients averaged by ``DistributedOptimizer``."""
+    model = build_model(model_name)
+    torchring.broadcast_parameters(model.state_dict(), root_rank=0)
+    optimizer = torchring.DistributedOptimizer(_sgd(model), named_parameters=model.named_parameters())
+    return _step(model, optimizer, data, target)
+
+
+def ddp_step(model_name: str, data: torch.Tensor, target: torch.Tensor) -> Step:
+    """``DistributedDataParallel`` on the raw gloo group."""
+    model = DistributedDataParallel(build_model(model_name))
+    return _step(model, _sgd(model), data, target)
+
+
+def load_horovod(world_size: int) -> tuple[ModuleType | None, str | None]:
+    """Real Horovod's ``horovod.torch``, initialised with this job's ranks, or why it cannot be used."""
+    try:
+        import horovod.torch as hvd
+    except ImportError as error:
+        return None, f"horovod.torch cannot be imported ({error})"
+    package = Path(torchring.__file__).resolve().parent
+    if package in Path(hvd.__file__).resolve().parents:
+        return None, "horovod.torch is torchring's compatibility shim, not Horovod"
+    try:
+        hvd.init()
+    except Exception as error:  # Horovod raises various types when it has no rendezvous
+        return None, f"horovod.torch.init() failed ({type(error).__name__}: {error})"
+    if hvd.size() != world_size:
+        return None, (f"Horovod sees {hvd.size()} rank(s) instead of {world_size}; it needs its own launcher "
+                      "(horovodrun) to find its peers")
+    return hvd, None
+
+
+def horovod_step(hvd: ModuleType, model_name: str, data: torch.Tensor, target: torch.Tensor) -> Step:
+    """Horovod itself, set up as torchring is."""
+    model = build_model(model_name)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    optimizer = hvd.DistributedOptimizer(_sgd(model), named_parameters=model.named_parameters())
+    return _step(model, optimizer, data, target)
+
+
+def _agree(ok: bool) -> bool:
+    """True when every rank says ``ok``."""
+    flag = torch.tensor([1 if ok else 0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def set_up(options: TrainOptions) -> tuple[dict[str, Step], dict[str, str]]:
+    """One training step per usable framework (in the order asked), and why the others were skipped."""
+    world_size = dist.get_world_size()
+    generator = torch.Generator().manual_seed(options.seed + dist.get_rank())
+    data = torch.randn(options.batch_size, *input_shape(options.model), generator=generator)
+    target = torch.randint(0, NUM_CLASSES, (options.batch_size,), generator=generator)
+    steps: dict[str, Step] = {}
+    skipped: dict[str, str] = {}
+    for framework in options.frameworks:
+        torch.manual_seed(options.seed)  # the same initial weights for every framework
+        if framework == "torchring":
+            steps[framework] = torchring_step(options.model, data, target)
+        elif framework == "ddp":
+            steps[framework] = ddp_step(options.model, data, target)
+        elif framework == "horovod":
+            hvd, reason = load_horovod(world_size)
+            if not _agree(hvd is not None):
+                skipped[framework] = reason or "Horovod could not be used on every rank"
+                continue
+            assert hvd is not None
+            steps[framework] = horovod_step(hvd, options.model, data, target)
+        else:
+            raise ValueError(f"unknown framework {framework!r}")
+    return steps, skipped
+
+
+def _timed_round(step: Step, options: TrainOptions) -> float:
+    for _ in range(options.warmup_batches):
+        step()
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(options.batches_per_round):
+        step()
+    return time.perf_counter() - start
+
+
+def run_train(options: TrainOptions, log: Callable[[str], None]) -> dict[str, Any]:
+    """Alternate the frameworks for ``options.rounds`` rounds; the result rank 0 reports."""
+    torch.set_num_threads(options.threads)
+    world_size = dist.get_world_size()
+    steps, skipped = set_up(options)
+    for framework, reason in skipped.items():
+        log(f"skipping {framework}: {reason}")
+    names = list(steps)
+    images = options.batch_size * world_size * options.batches_per_round
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    for round_index in range(options.rounds):
+        shift = round_index % len(names)
+        seconds = torch.zeros(len(names), dtype=torch.float64)
+        for name in names[shift:] + names[:shift]:
+            seconds[names.index(name)] = _timed_round(steps[name], options)
+        dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+        for index, name in enumerate(names):
+            rates[name].append(images / seconds[index].item())
+        log(f"round {round_index + 1}/{options.rounds}: "
+            + ", ".join(f"{name} {rates[name][-1]:.1f} img/s" for name in names))
+    frameworks: dict[str, Any] = {}
+    for name in names:
+        entry: dict[str, Any] = {"img_per_sec": rates[name], "summary": Summary.of(rates[name]).to_dict()}
+        if "ddp" in rates:
+            per_round = [mine / theirs for mine, theirs in zip(rates[name], rates["ddp"], strict=True)]
+            entry["ratio_to_ddp"] = entry["summary"]["mean"] / Summary.of(rates["ddp"]).mean
+            entry["ratio_to_ddp_per_round"] = Summary.of(per_round).to_dict()
+        frameworks[name] = entry
+    return {"mode": "train", "model": options.model, "batch_size": options.batch_size,
+            "warmup_batches": options.warmup_batches, "batches_per_round": options.batches_per_round,
+            "rounds": options.rounds, "frameworks": frameworks, "skipped": skipped}

@@ -1,0 +1,3 @@
+"""``horovod.torch.optimizer``: the distributed optimizer."""
+
+from torchring.optimizer import DistributedOptimizer  # noqa: F401

@@ -1,0 +1,3 @@
+"""``horovod.torch.sync_batch_norm``: batch normalisation synchronised across ranks."""
+
+from torchring.sync_batch_norm import SyncBatchNorm  # noqa: F401

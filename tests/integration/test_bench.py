@@ -44,9 +44,13 @@ def test_collectives_reports_both_implementations_at_every_size(tmp_path):
     meta = data["meta"]
     assert meta["world_size"] == 2 and len(meta["hostnames"]) == 2
     assert meta["torch_version"] and meta["torchring_version"] and data["date"]
-    # rank 0's progress, one line per operation and size, then the table; nothing from rank 1
-    assert len(result.lines("stdout", 0)) == 6 and result.lines("stdout", 1) == []
+    # rank 0's progress, one line per operation and size and one for the burst; nothing from rank 1
+    assert len(result.lines("stdout", 0)) == 7 and result.lines("stdout", 1) == []
     assert "| allgather |  64K |" in result.stdout
+    burst = data["burst"]
+    assert burst["count"] == 200 and burst["bytes"] == 4096
+    assert burst["speedup"] == pytest.approx(burst["raw_blocking_ms"]["median"] / burst["torchring_ms"]["median"])
+    assert "burst: 200 x 4K allreduce_async + synchronize" in result.stdout
     assert f"wrote {out}" in result.stdout
 
 
@@ -66,6 +70,7 @@ def test_train_compares_torchring_with_ddp_and_skips_the_horovod_shim(tmp_path):
     assert "shim" in data["skipped"]["horovod"]
     assert data["meta"]["threads"] == 1 and data["batch_size"] == 16
     assert "| torchring |" in result.stdout and "note: horovod skipped" in result.stdout
+    assert data["frameworks"]["torchring"]["engine_cpu_ms_per_step"] > 0 and "engine ms/step" in result.stdout
 
 
 def test_scaling_runs_one_job_per_size_and_reports_efficiency(tmp_path):

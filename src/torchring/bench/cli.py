@@ -183,6 +183,11 @@ def _finish(result: dict[str, Any], args: argparse.Namespace, argv: Sequence[str
     print(table(result))
     if result["mode"] == "collectives":
         print(report.COLLECTIVES_LEGEND)
+        burst = report.burst_line(result)
+        if burst:
+            print(burst)
+    if result["mode"] == "train" and "torchring" in result.get("frameworks", {}):
+        print(report.TRAIN_LEGEND)
     for line in report.notes(result):
         print(line)
     if args.json_path:

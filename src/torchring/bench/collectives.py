@@ -48,16 +48,16 @@ def _operations(op: str, size: int, rank: int, world_size: int) -> dict[str, Cal
     tensor = torch.full((size // ELEMENT_BYTES,), float(rank + 1))
     name = f"bench.{op}.{size}"
     if op == "allreduce":
-        # Sum on both sides; the raw one reduces in place (values grow, which costs nothing extra).
+        # Sum in place on both sides (values grow, which costs nothing extra).
         raw = tensor.clone()
-        return {"torchring": lambda: torchring.allreduce(tensor, name=name, op=torchring.Sum),
+        return {"torchring": lambda: torchring.allreduce_(tensor, name=name, op=torchring.Sum),
                 "raw": lambda: dist.all_reduce(raw, op=dist.ReduceOp.SUM)}
     if op == "allgather":
         gathered = torch.empty(tensor.numel() * world_size)
         return {"torchring": lambda: torchring.allgather(tensor, name=name),
                 "raw": lambda: _all_gather_single(gathered, tensor)}
     if op == "broadcast":
-        return {"torchring": lambda: torchring.broadcast(tensor, root_rank=0, name=name),
+        return {"torchring": lambda: torchring.broadcast_(tensor, root_rank=0, name=name),
                 "raw": lambda: dist.broadcast(tensor, src=0)}
     raise ValueError(f"unknown collective {op!r}")
 
@@ -87,6 +87,37 @@ def _implementation_result(op: str, size: int, world_size: int, seconds: list[fl
             "busbw_gbps": busbw(op, size, world_size, median_s) / 1e9}
 
 
+#: The burst: this many 4 KB allreduces started asynchronously, then synchronized.
+BURST_COUNT = 200
+BURST_BYTES = 4096
+
+
+def measure_burst(rounds: int = 5) -> dict[str, Any]:
+    """``BURST_COUNT`` × 4 KB: torchring ``allreduce_async_`` then ``synchronize`` (fused by the engine)
+    against as many blocking raw ``all_reduce`` calls; the median of ``rounds`` alternating rounds."""
+    tensors = [torch.full((BURST_BYTES // ELEMENT_BYTES,), float(i)) for i in range(BURST_COUNT)]
+    times = torch.zeros(2, rounds, dtype=torch.float64)
+    for round_index in range(rounds + 1):  # the first round warms up
+        dist.barrier()
+        start = time.perf_counter()
+        handles = [torchring.allreduce_async_(t, name=f"bench.burst.{i}", op=torchring.Sum)
+                   for i, t in enumerate(tensors)]
+        for handle in handles:
+            torchring.synchronize(handle)
+        ours = time.perf_counter() - start
+        dist.barrier()
+        start = time.perf_counter()
+        for t in tensors:
+            dist.all_reduce(t)
+        raw = time.perf_counter() - start
+        if round_index:
+            times[0, round_index - 1], times[1, round_index - 1] = ours, raw
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    ours_ms, raw_ms = Summary.of((times[0] * 1000).tolist()), Summary.of((times[1] * 1000).tolist())
+    return {"count": BURST_COUNT, "bytes": BURST_BYTES, "torchring_ms": ours_ms.to_dict(),
+            "raw_blocking_ms": raw_ms.to_dict(), "speedup": raw_ms.median / ours_ms.median}
+
+
 def run_collectives(options: CollectivesOptions, log: Callable[[str], None]) -> dict[str, Any]:
     """Measure every operation at every size; the result rank 0 reports."""
     world_size = dist.get_world_size()
@@ -104,4 +135,11 @@ def run_collectives(options: CollectivesOptions, log: Callable[[str], None]) -> 
             log(f"{op:<9} {format_size(size):>5}: torchring {entry['torchring']['latency_ms']['median']:.3f} ms, "
                 f"raw gloo {entry['raw']['latency_ms']['median']:.3f} ms, ratio {entry['ratio']:.2f} "
                 f"({iters} iterations)")
-    return {"mode": "collectives", "ops": list(options.ops), "sizes": list(options.sizes), "results": results}
+    result = {"mode": "collectives", "ops": list(options.ops), "sizes": list(options.sizes), "results": results}
+    if "allreduce" in options.ops:
+        burst = measure_burst()
+        log(f"burst: {BURST_COUNT} x 4K allreduce_async + synchronize {burst['torchring_ms']['median']:.2f} ms, "
+            f"{BURST_COUNT} blocking raw all_reduce {burst['raw_blocking_ms']['median']:.2f} ms, "
+            f"speedup {burst['speedup']:.1f}x")
+        result["burst"] = burst
+    return result

@@ -80,11 +80,20 @@ class SmallResNet(nn.Module):
         return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
 
 
+def deep_mlp(layers: int = 50, width: int = 256) -> nn.Module:
+    """``layers`` linear layers of ``width`` with ReLU: 100 parameter tensors, for the engine's per-tensor cost."""
+    blocks: list[nn.Module] = []
+    for _ in range(layers - 1):
+        blocks += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*blocks, nn.Linear(width, NUM_CLASSES))
+
+
 #: name → (constructor, shape of one input sample)
 MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
     "mlp": (mlp, (1, 28, 28)),
     "convnet": (ConvNet, (1, 28, 28)),
     "resnet": (SmallResNet, (3, 32, 32)),
+    "deep": (deep_mlp, (256,)),
 }
 
 

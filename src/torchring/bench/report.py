@@ -60,6 +60,16 @@ def collectives_table(result: Mapping[str, Any]) -> str:
     return markdown_table(headers, rows, [False, True, True, True, True, True, True, True, True, True])
 
 
+def burst_line(result: Mapping[str, Any]) -> str | None:
+    """The burst measurement as one line, when it was taken."""
+    burst = result.get("burst")
+    if not burst:
+        return None
+    return (f"burst: {burst['count']} x {format_size(burst['bytes'])} allreduce_async + synchronize "
+            f"{burst['torchring_ms']['median']:.2f} ms vs {burst['count']} blocking raw all_reduce "
+            f"{burst['raw_blocking_ms']['median']:.2f} ms: {burst['speedup']:.1f}x faster")
+
+
 COLLECTIVES_LEGEND = ("ms: median latency; ratio: torchring ms / raw ms; algbw, busbw: GB/s (10^9 bytes/s) "
                       "at the median latency; raw: torch.distributed on a plain gloo group")
 
@@ -67,16 +77,22 @@ COLLECTIVES_LEGEND = ("ms: median latency; ratio: torchring ms / raw ms; algbw, 
 def train_table(result: Mapping[str, Any]) -> str:
     """One row per framework: mean img/s ± its 95% interval, per rank, and the ratio to DDP (ratio of the
     means, ± the 95% interval of the per-round ratios)."""
-    headers = ["framework", "img/s", "± 95%", "img/s per rank", "vs ddp", "± 95%"]
+    headers = ["framework", "img/s", "± 95%", "img/s per rank", "vs ddp", "± 95%", "engine ms/step"]
     world_size = result.get("meta", {}).get("world_size", 1)
     rows = []
     for name, entry in result["frameworks"].items():
         summary = entry["summary"]
         per_round = entry.get("ratio_to_ddp_per_round") or {}
+        engine = entry.get("engine_cpu_ms_per_step")
         rows.append([name, _number(summary["mean"], 1), _number(summary["ci95"], 1),
                      _number(summary["mean"] / world_size, 1), _number(entry.get("ratio_to_ddp")),
-                     _number(per_round.get("ci95")) if name != "ddp" and per_round else ""])
-    return markdown_table(headers, rows, [False, True, True, True, True, True])
+                     _number(per_round.get("ci95")) if name != "ddp" and per_round else "",
+                     _number(engine, 3) if engine is not None else ""])
+    return markdown_table(headers, rows, [False, True, True, True, True, True, True])
+
+
+TRAIN_LEGEND = ("engine ms/step: CPU time of torchring's engine and completion threads per training step "
+                "(negotiation, fusion planning, bookkeeping), the most of any rank")
 
 
 def scaling_table(result: Mapping[str, Any]) -> str:

@@ -22,6 +22,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import torchring
+from torchring.runtime import context
 
 from .models import NUM_CLASSES, build_model, input_shape
 from .options import TrainOptions
@@ -137,19 +138,28 @@ def run_train(options: TrainOptions, log: Callable[[str], None]) -> dict[str, An
     names = list(steps)
     images = options.batch_size * world_size * options.batches_per_round
     rates: dict[str, list[float]] = {name: [] for name in names}
+    engine = context.current().engine
+    engine_cpu = torch.zeros(1, dtype=torch.float64)  # torchring's engine CPU seconds in its timed batches
     for round_index in range(options.rounds):
         shift = round_index % len(names)
         seconds = torch.zeros(len(names), dtype=torch.float64)
         for name in names[shift:] + names[:shift]:
+            before = engine.cpu_seconds()
             seconds[names.index(name)] = _timed_round(steps[name], options)
+            if name == "torchring":
+                engine_cpu += engine.cpu_seconds() - before
         dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
         for index, name in enumerate(names):
             rates[name].append(images / seconds[index].item())
         log(f"round {round_index + 1}/{options.rounds}: "
             + ", ".join(f"{name} {rates[name][-1]:.1f} img/s" for name in names))
+    dist.all_reduce(engine_cpu, op=dist.ReduceOp.MAX)
+    steps_timed = options.rounds * (options.warmup_batches + options.batches_per_round)
     frameworks: dict[str, Any] = {}
     for name in names:
         entry: dict[str, Any] = {"img_per_sec": rates[name], "summary": Summary.of(rates[name]).to_dict()}
+        if name == "torchring":
+            entry["engine_cpu_ms_per_step"] = engine_cpu.item() * 1000.0 / steps_timed
         if "ddp" in rates:
             per_round = [mine / theirs for mine, theirs in zip(rates[name], rates["ddp"], strict=True)]
             entry["ratio_to_ddp"] = entry["summary"]["mean"] / Summary.of(rates["ddp"]).mean

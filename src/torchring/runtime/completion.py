@@ -49,8 +49,8 @@ class Completer:
         self._queue: collections.deque[tuple[Launched, OnDone]] = collections.deque()
         self._busy = False
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
 
     def add(self, launched: Launched, on_done: OnDone) -> None:
         """Finish ``launched`` after everything added before it; ``on_done(result, error)`` reports it."""
@@ -73,7 +73,7 @@ class Completer:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        self._thread.join(timeout)
+        self.thread.join(timeout)
 
     def _run(self) -> None:
         while True:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -113,22 +115,43 @@ def _initial_timeline(rank: int) -> TimelineWriter | None:
     return TimelineWriter(path, mark_cycles=config.bool_setting("TIMELINE_MARK_CYCLES", False))
 
 
+#: How long engines keep cycling without work before they block (fewer wake-ups between training steps).
+IDLE_AFTER_SECONDS = 0.02
+
+
+def _shorten_gil_switch_interval() -> None:
+    """Let the engine thread in sooner while the training thread runs Python code.
+
+    Python hands the GIL to a waiting thread only every ``sys.getswitchinterval()`` (5 ms by default);
+    a negotiation cycle that waits that long delays every rank. ``TORCHRING_GIL_SWITCH_INTERVAL_MS``
+    overrides the 0.5 ms used here; without it, an interval the program already made shorter is kept.
+    """
+    wanted = config.float_setting("GIL_SWITCH_INTERVAL_MS", 0.5) / 1000.0
+    if wanted > 0 and (config.setting("GIL_SWITCH_INTERVAL_MS") is not None or sys.getswitchinterval() > wanted):
+        sys.setswitchinterval(wanted)
+
+
 def _engine_settings(control: ControlChannel) -> EngineSettings:
-    """The engine's knobs; those every rank must share (fusion threshold, cache capacity) are rank 0's."""
+    """The engine's knobs; those every rank must share (fusion threshold, cache capacity, cycles before
+    idling) are rank 0's."""
+    cycle_time_s = config.float_setting("CYCLE_TIME", 1.0) / 1000.0
+    idle_cycles = max(1, min(1000, math.ceil(IDLE_AFTER_SECONDS / max(cycle_time_s, 1e-6))))
     local = (int(config.float_setting("FUSION_THRESHOLD", 128 * 1024 * 1024)),
-             int(config.float_setting("CACHE_CAPACITY", 1024)))
+             int(config.float_setting("CACHE_CAPACITY", 1024)), idle_cycles)
     everyone = [tuple(map(int, raw.split())) for raw in control.allgather_bytes(" ".join(map(str, local)).encode())]
-    fusion_threshold, cache_capacity = everyone[0]
-    if control.rank == 0 and any(values != everyone[0] for values in everyone):
+    fusion_threshold, cache_capacity, idle_cycles = everyone[0]
+    if control.rank == 0 and any(values[:2] != everyone[0][:2] for values in everyone):
         logger.warning("ranks set different HOROVOD_FUSION_THRESHOLD/HOROVOD_CACHE_CAPACITY values %s; "
-                       "every rank uses rank 0's (%d, %d)", everyone, fusion_threshold, cache_capacity)
+                       "every rank uses rank 0's (%d, %d)", [v[:2] for v in everyone], fusion_threshold,
+                       cache_capacity)
     return EngineSettings(
-        cycle_time_s=config.float_setting("CYCLE_TIME", 1.0) / 1000.0,
+        cycle_time_s=cycle_time_s,
         stall_check_enabled=not config.bool_setting("STALL_CHECK_DISABLE", False),
         stall_warning_s=config.float_setting("STALL_CHECK_TIME_SECONDS", 60.0),
         stall_shutdown_s=config.float_setting("STALL_SHUTDOWN_TIME_SECONDS", 0.0),
         fusion_threshold=fusion_threshold,
         cache_capacity=cache_capacity,
+        idle_cycles=idle_cycles,
     )
 
 
@@ -194,6 +217,7 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
             return []
         _apply_log_level()
         _check_tuning_settings()
+        _shorten_gil_switch_interval()
         environment = detect_environment()
         info = environment.rank_info()
         if not 0 <= info.rank < info.size:

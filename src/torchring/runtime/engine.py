@@ -65,6 +65,19 @@ class EngineSettings:
     fusion_threshold: int = 128 * 1024 * 1024
     #: Negotiated requests remembered so that repeating them costs one bit (0: no cache).
     cache_capacity: int = 1024
+    #: Consecutive empty cycles after which the engines stop cycling and block until woken. Every rank
+    #: must use the same number (they go idle together).
+    idle_cycles: int = 10
+
+
+def thread_cpu_seconds(thread: threading.Thread) -> float:
+    """CPU seconds used by a running ``thread`` (0 when it is not running or the platform cannot tell)."""
+    if thread.ident is None or not thread.is_alive():
+        return 0.0
+    try:
+        return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+    except (AttributeError, OSError):
+        return 0.0
 
 
 def _backend_activity(response: Response) -> str:
@@ -97,6 +110,14 @@ class Engine:
         self._report_peer_failure = report_peer_failure
         self._negotiator = Negotiator(size, process_sets.members)
         self.response_cache = ResponseCache(settings.cache_capacity, rank)
+        #: Negotiation cycles run so far.
+        self.cycles = 0
+        self._cycle_started = 0.0
+        #: True after a cycle that carried this rank's requests: the next one waits a full cycle time.
+        self._pacing = False
+        #: True while the engine thread waits and a submission should wake it.
+        self._wants_notify = False
+        self._empty_cycles = 0
         self._cond = threading.Condition()
         self._queue: list[Request] = []
         self._inflight: dict[RequestKey, Request] = {}
@@ -119,6 +140,10 @@ class Engine:
     def start(self) -> None:
         self._thread.start()
 
+    def cpu_seconds(self) -> float:
+        """CPU time the engine and completion threads have used so far (their own work, not waiting)."""
+        return thread_cpu_seconds(self._thread) + thread_cpu_seconds(self._completer.thread)
+
     def submit(self, request: Request) -> None:
         """Queue ``request``; raise at once for a duplicate name or a stopped engine."""
         self.submit_many([request])
@@ -138,7 +163,8 @@ class Engine:
             for key, request in zip(keys, requests, strict=True):
                 self._inflight[key] = request
             self._queue.extend(requests)
-            self._cond.notify()
+            if self._wants_notify:
+                self._cond.notify()
 
     def shutdown(self, timeout: float) -> None:
         """Ask every rank's engine to stop after the current cycle, and wait for ours."""
@@ -172,6 +198,7 @@ class Engine:
                     new_requests, shutting_down = self._wait_for_cycle()
                 if self._failure is not None:
                     raise self._failure
+                self.cycles += 1
                 cached, misses = self.response_cache.encode([r.meta for r in new_requests])
                 announcement = Announcement(misses, shutting_down, self._woken_epoch, self._stall_abort, cached)
                 announcements = self._exchange(announcement)
@@ -200,7 +227,9 @@ class Engine:
                         self._note_peer_failure(f"shut down by rank {stopping_ranks}")
                     self._fail_all(self._shutdown_error(stopping_ranks))
                     return
-                idle = not responses and not any(a.metas or a.cached for a in announcements)
+                empty = not responses and not any(a.metas or a.cached for a in announcements)
+                self._empty_cycles = self._empty_cycles + 1 if empty else 0
+                idle = self._empty_cycles >= self._settings.idle_cycles  # the same on every rank
                 if self.rank == 0:
                     self._forget_finished_epochs(min(a.listened_epoch for a in announcements))
         except BaseException as error:  # noqa: BLE001 - every failure must reach the waiting ranks
@@ -227,24 +256,38 @@ class Engine:
             pass
 
     def _wait_for_cycle(self) -> tuple[list[Request], bool]:
-        deadline = time.monotonic() + self._settings.cycle_time_s
+        """Wait for the next cycle: at most one cycle time after the last one started. A request after a
+        quiet cycle starts it at once (low latency); while requests keep coming, cycles are paced one
+        cycle time apart so that more requests share each negotiation and fused buffer."""
+        deadline = self._cycle_started + self._settings.cycle_time_s
         with self._cond:
-            while not self._queue and not self._shutdown_requested and self._failure is None:
+            self._wants_notify = not self._pacing
+            while not self._shutdown_requested and self._failure is None:
+                if self._queue and not self._pacing:
+                    break
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
                 self._cond.wait(remaining)
-            return self._drain()
+            self._wants_notify = False
+            drained = self._drain()
+        self._pacing = bool(drained[0])
+        self._cycle_started = time.monotonic()
+        return drained
 
     def _wait_while_idle(self, epoch: int) -> tuple[list[Request], bool]:
         self._waker.listen(epoch, self._on_remote_wake)
         with self._cond:
+            self._wants_notify = True
             while (not self._queue and not self._shutdown_requested and not self._stall_abort
                    and self._woken_epoch < epoch and self._failure is None):
                 self._cond.wait(self._stall_check_interval())
                 self._inspect_stalls()
+            self._wants_notify = False
             woken_remotely = self._woken_epoch >= epoch
             drained = self._drain()
+        self._pacing = False
+        self._cycle_started = time.monotonic()
         if not woken_remotely:
             self._waker.wake(epoch)
         return drained
@@ -371,6 +414,7 @@ class Engine:
             self._cond.notify_all()
 
     def _change_process_sets(self, response: Response) -> object:
+        self._negotiator.recheck_all()  # requests of an added or removed set change readiness
         meta = response.template
         if response.op_type is OpType.ADD_PROCESS_SET:
             return self._process_sets.add(meta.splits)

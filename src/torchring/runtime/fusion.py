@@ -8,6 +8,7 @@ rank holds identically, so every member forms the same batches in the same order
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -18,6 +19,7 @@ from .requests import OpType
 FusionKey = tuple[int, str, str, int, float, float]
 
 
+@functools.cache
 def element_size(dtype: str) -> int:
     """Bytes per element of a dtype named like ``float32``."""
     return torch.empty((), dtype=getattr(torch, dtype)).element_size()

@@ -10,6 +10,7 @@ A request of process set S is ready once every member of S has submitted it, or 
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -45,15 +46,15 @@ class Response:
     #: For a finished join: the last rank to join.
     last_joined: int = -1
 
-    @property
+    @functools.cached_property
     def op_type(self) -> OpType:
-        return next(iter(self.metas.values())).op_type
+        return self.template.op_type
 
     @property
     def key(self) -> RequestKey:
         return (self.process_set, self.name)
 
-    @property
+    @functools.cached_property
     def template(self) -> RequestMeta:
         """The metadata of the lowest submitting rank (the shape joined ranks take part with)."""
         return self.metas[min(self.metas)]
@@ -119,6 +120,13 @@ def check_consistency(name: str, metas: dict[int, RequestMeta]) -> str | None:
     return None
 
 
+def _all_identical(metas: dict[int, RequestMeta]) -> bool:
+    """True when every rank sent exactly the same request (the common case: nothing to compare)."""
+    values = iter(metas.values())
+    first = next(values).identity
+    return all(meta.identity == first for meta in values)
+
+
 class Negotiator:
     """Accumulates every rank's announcements and releases the requests ready on all members."""
 
@@ -128,18 +136,35 @@ class Negotiator:
         self.pending: dict[RequestKey, PendingEntry] = {}
         #: Ranks that called join(), in the order they joined.
         self.joined: list[int] = []
+        #: Pending requests whose readiness may have changed since the last ``take_ready``.
+        self._dirty: set[RequestKey] = set()
 
     def record(self, rank: int, metas: Sequence[RequestMeta]) -> None:
         """Note that ``rank`` submitted ``metas``."""
+        pending = self.pending
         for meta in metas:
-            self.pending.setdefault(meta.key, PendingEntry()).metas[rank] = meta
+            key = meta.key
+            entry = pending.get(key)
+            if entry is None:
+                entry = pending[key] = PendingEntry()
+            entry.metas[rank] = meta
+            self._dirty.add(key)
             if meta.op_type is OpType.JOIN and rank not in self.joined:
                 self.joined.append(rank)
+                self.recheck_all()
+
+    def recheck_all(self) -> None:
+        """Check every pending request again (after a join or a change of process sets)."""
+        self._dirty.update(self.pending)
 
     def take_ready(self) -> list[Response]:
         """Remove and return the ready requests, in an order every rank computes alike."""
         ready: list[Response] = []
-        for key, entry in self.pending.items():
+        dirty, self._dirty = self._dirty, set()
+        for key in dirty:
+            entry = self.pending.get(key)
+            if entry is None:
+                continue
             try:
                 response = self._response_if_ready(key, entry)
             except Exception as error:  # noqa: BLE001 - every rank fails the same request alike
@@ -147,12 +172,17 @@ class Negotiator:
                                     f"torchring could not check request '{key[1]}': {error!r}", "invalid")
             if response is not None:
                 ready.append(response)
-        ready = self._hold_incomplete_groups(ready)
+        released = self._hold_incomplete_groups(ready)
+        if len(released) != len(ready):  # members of incomplete groups: look at them again next time
+            held = {r.key for r in ready} - {r.key for r in released}
+            self._dirty.update(held)
+        ready = released
         ready.sort(key=lambda r: (r.template.seq, min(r.metas), r.process_set, r.name))
         for response in ready:
             del self.pending[response.key]
             if response.op_type is OpType.JOIN and response.error is None:
                 self.joined.clear()
+                self.recheck_all()
         return ready
 
     def _response_if_ready(self, key: RequestKey, entry: PendingEntry) -> Response | None:
@@ -170,7 +200,7 @@ class Negotiator:
         joined = set(self.joined) & set(members)
         if not submitted | joined >= set(members):
             return None
-        error = check_consistency(name, entry.metas)
+        error = None if _all_identical(entry.metas) else check_consistency(name, entry.metas)
         kind = "mismatch"
         if error is None and joined - submitted:
             error, kind = self._joined_error(name, first, sorted(joined - submitted))

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import threading
+import _thread
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -28,9 +28,8 @@ class OpType(str, Enum):
 DATA_OPS = frozenset({OpType.ALLREDUCE, OpType.ALLGATHER, OpType.BROADCAST, OpType.ALLTOALL, OpType.REDUCESCATTER})
 
 
-@dataclass(frozen=True)
-class RequestMeta:
-    """The part of a request every rank sees during negotiation (small and picklable)."""
+class RequestMeta(NamedTuple):
+    """The part of a request every rank sees during negotiation (a small tuple: cheap to build and pickle)."""
 
     name: str
     op_type: OpType
@@ -48,7 +47,7 @@ class RequestMeta:
     #: Grouped operations: the group's name and number of requests; the group runs as one unit.
     group: str = ""
     group_size: int = 0
-    #: This rank's submission counter; it orders requests that become ready together.
+    #: This rank's submission counter; it orders requests that become ready together. Must stay last.
     seq: int = 0
 
     @property
@@ -56,32 +55,45 @@ class RequestMeta:
         """Requests are identified by process set and name."""
         return (self.process_set, self.name)
 
+    @property
+    def identity(self) -> tuple[Any, ...]:
+        """Every field but ``seq``: equal for the same request submitted again."""
+        return self[:-1]
+
 
 class Handle:
     """Completion of one request: set once, with a result or an error."""
 
-    __slots__ = ("_event", "error", "result")
+    __slots__ = ("_done", "_lock", "error", "result")
 
     def __init__(self) -> None:
-        self._event = threading.Event()
+        self._lock = _thread.allocate_lock()
+        self._lock.acquire()  # released when the request completes
+        self._done = False
         self.result: Any = None
         self.error: BaseException | None = None
 
     def done(self) -> bool:
         """True once the request finished, successfully or not."""
-        return self._event.is_set()
+        return self._done
 
     def complete(self, result: Any = None, error: BaseException | None = None) -> None:
         """Record the outcome and wake whoever waits; the first outcome wins."""
-        if self._event.is_set():
+        if self._done:
             return
         self.result = result
         self.error = error
-        self._event.set()
+        self._done = True
+        try:
+            self._lock.release()
+        except RuntimeError:  # completed concurrently by another thread: its outcome stands
+            pass
 
     def wait(self) -> Any:
         """Block until done; return the result or raise the error."""
-        self._event.wait()
+        if not self._done:
+            self._lock.acquire()
+            self._lock.release()
         if self.error is not None:
             raise self.error
         return self.result

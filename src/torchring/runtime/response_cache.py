@@ -11,10 +11,10 @@ first once ``capacity`` entries are held (``HOROVOD_CACHE_CAPACITY``; 0 turns th
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from .negotiation import Response
 from .requests import DATA_OPS, RequestMeta
@@ -22,12 +22,10 @@ from .requests import DATA_OPS, RequestMeta
 #: Decoded requests get sequence numbers below every real one, ordered by slot.
 _CACHED_SEQ_BASE = -(1 << 40)
 
-EntryKey = tuple[tuple[int, RequestMeta], ...]
+Identity = tuple[Any, ...]
+EntryKey = tuple[tuple[int, Identity], ...]
 
 
-def _strip(meta: RequestMeta) -> RequestMeta:
-    """The metadata without the per-submission sequence number."""
-    return dataclasses.replace(meta, seq=0) if meta.seq else meta
 
 
 class ResponseCache:
@@ -37,8 +35,9 @@ class ResponseCache:
         self.capacity = capacity
         self.rank = rank
         self._entries: OrderedDict[int, EntryKey] = OrderedDict()  # slot → all ranks' metas, LRU first
+        self._by_rank: dict[int, dict[int, Identity]] = {}  # slot → rank → that rank's request
         self._slot_of_entry: dict[EntryKey, int] = {}
-        self._slot_of_own: dict[RequestMeta, int] = {}
+        self._slot_of_own: dict[Identity, int] = {}
         self._free_slots: list[int] = []
         self._next_slot = 0
         self.hits = 0
@@ -58,7 +57,7 @@ class ResponseCache:
         mask = 0
         misses = []
         for meta in metas:
-            slot = self._slot_of_own.get(_strip(meta)) if self.enabled else None
+            slot = self._slot_of_own.get(meta.identity) if self.enabled else None
             if slot is None:
                 misses.append(meta)
                 self.misses += 1
@@ -71,14 +70,17 @@ class ResponseCache:
 
     def decode(self, rank: int, mask: bytes) -> list[RequestMeta]:
         """The requests ``rank`` announced as cache bits, with sequence numbers ordered by slot."""
-        return [dataclasses.replace(dict(self._entries[slot])[rank], seq=_CACHED_SEQ_BASE + slot)
-                for slot in _set_bits(mask)]
+        return [RequestMeta._make((*self._by_rank[slot][rank], _CACHED_SEQ_BASE + slot)) for slot in _set_bits(mask)]
 
     def record(self, response: Response) -> None:
         """Remember a response that ran; call it on every rank for the same responses in the same order."""
         if not self.enabled or not _cacheable(response):
             return
-        key: EntryKey = tuple((rank, _strip(meta)) for rank, meta in sorted(response.metas.items()))
+        slots = {meta.seq - _CACHED_SEQ_BASE for meta in response.metas.values()}
+        if len(slots) == 1 and 0 <= (slot := slots.pop()) < self._next_slot and slot in self._entries:
+            self._entries.move_to_end(slot)  # every rank announced it from this slot: nothing new
+            return
+        key: EntryKey = tuple((rank, meta.identity) for rank, meta in sorted(response.metas.items()))
         slot = self._slot_of_entry.get(key)
         if slot is not None:
             self._entries.move_to_end(slot)
@@ -87,6 +89,7 @@ class ResponseCache:
             self._evict(next(iter(self._entries)))
         slot = heapq.heappop(self._free_slots) if self._free_slots else self._take_new_slot()
         self._entries[slot] = key
+        self._by_rank[slot] = dict(key)
         self._slot_of_entry[key] = slot
         own = dict(key).get(self.rank)
         if own is not None:
@@ -99,6 +102,7 @@ class ResponseCache:
 
     def _evict(self, slot: int) -> None:
         key = self._entries.pop(slot)
+        del self._by_rank[slot]
         del self._slot_of_entry[key]
         own = dict(key).get(self.rank)
         if own is not None and self._slot_of_own.get(own) == slot:

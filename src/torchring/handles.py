@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -125,11 +126,34 @@ def make_request(meta_for: MetaFactory, kind: str, name: str | None, buffer: tor
     return Request(meta_for(negotiated, _table.next_seq()), buffer, _ready_event(buffer))
 
 
+_batch = threading.local()
+
+
+@contextlib.contextmanager
+def submission_batch() -> Iterator[None]:
+    """Hand the requests submitted inside the block to the engine together, so they are negotiated in
+    one cycle (and fused when they can be). Nested blocks join the outer one."""
+    if getattr(_batch, "requests", None) is not None:
+        yield
+        return
+    _batch.requests = []
+    try:
+        yield
+    finally:
+        requests, _batch.requests = _batch.requests, None
+        if requests:
+            context.current().engine.submit_many(requests)
+
+
 def submit(meta_for: MetaFactory, kind: str, name: str | None, buffer: torch.Tensor | None,
            finish: Callable[[Any], Any] = lambda result: result, process_set: int = 0) -> int:
-    """Queue one request to the engine and return its handle."""
+    """Queue one request to the engine (or to the open ``submission_batch``) and return its handle."""
     request = make_request(meta_for, kind, name, buffer, process_set)
-    context.current().engine.submit(request)
+    pending = getattr(_batch, "requests", None)
+    if pending is not None:
+        pending.append(request)
+    else:
+        context.current().engine.submit(request)
     return _table.add(request.handle, finish)
 
 

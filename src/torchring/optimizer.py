@@ -18,13 +18,17 @@ from typing import Any
 
 import torch
 
+from . import config
 from .collectives import allgather_async, allreduce_async_
 from .collectives import synchronize as wait_handle
 from .compression import Compression, Compressor
+from .handles import submission_batch
 from .process_sets import ProcessSet, global_process_set
 from .reduction import Average, ReduceOp, resolve_op
 
 _Param = torch.nn.Parameter
+#: The first bucket of a step is small, so that its allreduce starts early in backward (as DDP does).
+FIRST_BUCKET_BYTES = 1024 * 1024
 _SPARSE_OPS = (ReduceOp.AVERAGE, ReduceOp.SUM)
 
 
@@ -111,6 +115,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._groups = _split_groups(groups, self._params)
         self._group_of = {p: index for index, group in enumerate(self._groups) for p in group}
         self._group_ready: dict[int, list[torch.Tensor]] = {}
+        self._bucket: list[torch.Tensor] = []
+        self._bucket_bytes = 0
+        self._buckets_sent = 0
+        self._flush_queued = False
+        self._bucket_cap_bytes = int(config.float_setting("BUCKET_CAP_MB", 25.0) * 1024 * 1024)
         self._synchronized = False
         self._should_synchronize = True
         self._hook_handles = []
@@ -132,13 +141,42 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         group = self._group_of.get(param)
         if group is None:
-            self._handles[param] = self._allreduce_gradient(param)
+            self._add_to_bucket(param)
             return
         ready = self._group_ready.setdefault(group, [])
         ready.append(param)
         self._handles[param] = (None, None)
         if len(ready) == len(self._groups[group]):
             self._submit_group(group)
+
+    def _add_to_bucket(self, param: torch.Tensor) -> None:
+        """Collect ready gradients and submit them together once the bucket is full (1 MB for the first
+        bucket of a step, then ``TORCHRING_BUCKET_CAP_MB``), and at the end of backward: fewer, larger
+        negotiations and fused allreduces, while the first ones still overlap the rest of backward."""
+        self._handles[param] = (None, None)  # ready, not submitted yet
+        self._bucket.append(param)
+        grad = param.grad
+        self._bucket_bytes += grad.numel() * grad.element_size() if grad is not None else 0
+        cap = FIRST_BUCKET_BYTES if self._buckets_sent == 0 else self._bucket_cap_bytes
+        if self._bucket_bytes >= cap:
+            self._flush_bucket()
+        elif not self._flush_queued:
+            self._flush_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._flush_at_end_of_backward)
+
+    def _flush_at_end_of_backward(self) -> None:
+        self._flush_queued = False
+        self._flush_bucket()
+
+    def _flush_bucket(self) -> None:
+        if not self._bucket:
+            return
+        bucket, self._bucket, self._bucket_bytes = self._bucket, [], 0
+        self._buckets_sent += 1
+        with submission_batch():
+            for param in bucket:
+                if self._handles.get(param, (None, None))[0] is None:
+                    self._handles[param] = self._allreduce_gradient(param)
 
     def _submit_group(self, group: int) -> None:
         for param in self._groups[group]:
@@ -204,13 +242,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not self._reduces():
             self._synchronized = True
             return
-        for param in self._params:
-            if self._handles.get(param, (None, None))[0] is None:
-                group = self._group_of.get(param)
-                if group is not None and group in self._group_ready:
-                    self._submit_group(group)
-                else:
-                    self._handles[param] = self._allreduce_gradient(param)
+        with submission_batch():
+            self._flush_bucket()
+            for param in self._params:
+                if self._handles.get(param, (None, None))[0] is None:
+                    group = self._group_of.get(param)
+                    if group is not None and group in self._group_ready:
+                        self._submit_group(group)
+                    else:
+                        self._handles[param] = self._allreduce_gradient(param)
         for param, (handle, ctx) in list(self._handles.items()):
             if isinstance(handle, _SparseReduction):
                 param.grad = self._sparse_result(handle)
@@ -220,6 +260,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     param.grad.copy_(output)
             self._allreduce_delay[param] = self.backward_passes_per_step
         self._handles.clear()
+        self._buckets_sent = 0
         self._synchronized = True
 
     @contextmanager
@@ -258,6 +299,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Load optimizer state; reductions still pending from an interrupted step are dropped."""
         self._handles.clear()
         self._group_ready.clear()
+        self._bucket, self._bucket_bytes, self._buckets_sent = [], 0, 0
         self._allreduce_delay = {p: self.backward_passes_per_step for p in self._params}
         self._synchronized = False
         self._should_synchronize = True

@@ -37,3 +37,9 @@ def test_errors_other_ops_and_joined_members_run_alone():
     responses = [response("a"), response("bad", error="Mismatched"), response("g", op_type=OpType.ALLGATHER),
                  response("joined", submitted=(0,)), response("b")]
     assert names(plan_batches(responses, threshold=1 << 20)) == [["a", "b"], ["bad"], ["g"], ["joined"]]
+
+
+def test_large_tensors_are_reduced_alone_in_place():
+    responses = [response("small", (10,)), response("large", (300_000,)), response("tiny", (2,))]
+    assert names(plan_batches(responses, threshold=128 << 20)) == [["small", "tiny"], ["large"]]
+    assert names(plan_batches(responses, threshold=128 << 20, separate_at=1 << 30)) == [["small", "large", "tiny"]]

@@ -116,7 +116,7 @@ def _initial_timeline(rank: int) -> TimelineWriter | None:
 
 
 #: How long engines keep cycling without work before they block (fewer wake-ups between training steps).
-IDLE_AFTER_SECONDS = 0.02
+IDLE_AFTER_SECONDS = 0.0
 
 
 def _shorten_gil_switch_interval() -> None:
@@ -135,7 +135,8 @@ def _engine_settings(control: ControlChannel) -> EngineSettings:
     """The engine's knobs; those every rank must share (fusion threshold, cache capacity, cycles before
     idling) are rank 0's."""
     cycle_time_s = config.float_setting("CYCLE_TIME", 1.0) / 1000.0
-    idle_cycles = max(1, min(1000, math.ceil(IDLE_AFTER_SECONDS / max(cycle_time_s, 1e-6))))
+    idle_after_s = config.float_setting("IDLE_AFTER_MS", IDLE_AFTER_SECONDS * 1000.0) / 1000.0
+    idle_cycles = max(1, min(1000, math.ceil(idle_after_s / max(cycle_time_s, 1e-6))))
     local = (int(config.float_setting("FUSION_THRESHOLD", 128 * 1024 * 1024)),
              int(config.float_setting("CACHE_CAPACITY", 1024)), idle_cycles)
     everyone = [tuple(map(int, raw.split())) for raw in control.allgather_bytes(" ".join(map(str, local)).encode())]

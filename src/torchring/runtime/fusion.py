@@ -44,20 +44,27 @@ def _fusion_key(response: Response) -> FusionKey | None:
             meta.postscale_factor)
 
 
-def plan_batches(responses: Sequence[Response], threshold: int) -> list[list[Response]]:
+#: Tensors at least this large are reduced in place on their own: copying them into and out of a
+#: fusion buffer would cost more than the latency of one more collective.
+SEPARATE_AT_BYTES = 1024 * 1024
+
+
+def plan_batches(responses: Sequence[Response], threshold: int,
+                 separate_at: int = SEPARATE_AT_BYTES) -> list[list[Response]]:
     """Split ``responses`` into batches to run in order; a batch of several is one fused allreduce.
 
     Fusible responses join the open batch of their key (placed where its first member stood) while it
-    stays within ``threshold`` bytes; everything else runs alone, in its own place.
+    stays within ``threshold`` bytes; tensors of ``separate_at`` bytes or more, and everything that
+    cannot be fused, run alone, in their own place.
     """
     batches: list[list[Response]] = []
     open_batches: dict[FusionKey, tuple[list[Response], int]] = {}
     for response in responses:
         key = _fusion_key(response) if threshold > 0 else None
-        if key is None:
+        size = nbytes(response) if key is not None else 0
+        if key is None or size >= separate_at:
             batches.append([response])
             continue
-        size = nbytes(response)
         batch, used = open_batches.get(key, (None, 0))
         if batch is not None and used + size <= threshold:
             batch.append(response)

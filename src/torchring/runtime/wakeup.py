@@ -45,6 +45,7 @@ class StoreWaker(Waker):
         self._setter = dist.PrefixStore(prefix, self._connect(host, port, timeout))
         self._listening_store = dist.PrefixStore(prefix, self._connect(host, port, timeout))
         self._epochs: queue.SimpleQueue[tuple[int, Callable[[int], None]] | None] = queue.SimpleQueue()
+        self._forgotten: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._closed = False
         self._thread = threading.Thread(target=self._listen_loop, name="torchring-waker", daemon=True)
         self._thread.start()
@@ -60,7 +61,8 @@ class StoreWaker(Waker):
         self._setter.set(str(epoch), "1")
 
     def forget(self, epoch: int) -> None:
-        self._setter.delete_key(str(epoch))
+        """Queue the key's deletion; the listener thread does it, off the engine's path."""
+        self._forgotten.put(epoch)
 
     def close(self) -> None:
         """Stop the listener and wait for it, so that no thread is inside the store at interpreter exit."""
@@ -74,6 +76,7 @@ class StoreWaker(Waker):
             if item is None:
                 return
             epoch, on_wake = item
+            self._delete_forgotten()
             while not self._closed:
                 try:
                     self._listening_store.wait([str(epoch)], _LISTEN_TIMEOUT)
@@ -82,3 +85,14 @@ class StoreWaker(Waker):
                     if "timeout" not in str(error).lower():
                         break  # the store is gone: let the engine cycle, and fail, on its own I/O
             on_wake(epoch)
+
+    def _delete_forgotten(self) -> None:
+        while True:
+            try:
+                epoch = self._forgotten.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                self._listening_store.delete_key(str(epoch))
+            except Exception:  # noqa: BLE001 - a store that is gone keeps its keys; nothing to clean
+                return

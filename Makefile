@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-torch-$(TORCH_VERSION)
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test lint clean
+.PHONY: venv demo test gpu-check lint clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,9 +22,15 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# On a machine with CUDA (and a CUDA build of torch): the GPU tests, then the GPU benchmark.
+gpu-check: $(STAMP)
+	$(BIN)/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu-check: torch sees no CUDA device (a CPU build of torch, or no GPU)')"
+	$(BIN)/python -m pytest -m gpu tests/integration/test_gpu.py
+	$(BIN)/torchring run -np 1 $(BIN)/python benchmarks/gpu_check.py
+
 lint: $(STAMP)
 	$(BIN)/python -m pip install --quiet ruff
-	$(BIN)/ruff check src tests examples
+	$(BIN)/ruff check src tests examples benchmarks
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

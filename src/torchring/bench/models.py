@@ -80,6 +80,52 @@ class SmallResNet(nn.Module):
         return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
 
 
+class Bottleneck(nn.Module):
+    """1x1 reduce, 3x3, 1x1 expand (x4), with batch norm and a projection shortcut when shapes change."""
+
+    expansion = 4
+
+    def __init__(self, in_channels: int, width: int, stride: int) -> None:
+        super().__init__()
+        out_channels = width * self.expansion
+        self.conv1 = nn.Conv2d(in_channels, width, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, stride=stride, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.conv3 = nn.Conv2d(width, out_channels, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(out_channels)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or in_channels != out_channels:
+            self.shortcut = nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False),
+                                          nn.BatchNorm2d(out_channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = F.relu(self.bn2(self.conv2(out)))
+        return F.relu(self.bn3(self.conv3(out)) + self.shortcut(x))
+
+
+class ResNet50(nn.Module):
+    """The ResNet-50 layout (bottleneck stages of 3, 4, 6 and 3 blocks) for 3x224x224 images, 1000 classes."""
+
+    def __init__(self, num_classes: int = 1000) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(64),
+                                  nn.ReLU(), nn.MaxPool2d(3, stride=2, padding=1))
+        layers: list[nn.Module] = []
+        in_channels = 64
+        for stage, (width, blocks) in enumerate(zip((64, 128, 256, 512), (3, 4, 6, 3), strict=True)):
+            for block in range(blocks):
+                layers.append(Bottleneck(in_channels, width, 2 if stage > 0 and block == 0 else 1))
+                in_channels = width * Bottleneck.expansion
+        self.stages = nn.Sequential(*layers)
+        self.fc = nn.Linear(in_channels, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stages(self.stem(x))
+        return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
 def deep_mlp(layers: int = 50, width: int = 256) -> nn.Module:
     """``layers`` linear layers of ``width`` with ReLU: 100 parameter tensors, for the engine's per-tensor cost."""
     blocks: list[nn.Module] = []

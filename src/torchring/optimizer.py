@@ -22,13 +22,14 @@ from . import config
 from .collectives import allgather_async, allreduce_async_
 from .collectives import synchronize as wait_handle
 from .compression import Compression, Compressor
+from .gradient_buckets import Bucket, plan_buckets
 from .handles import submission_batch
 from .process_sets import ProcessSet, global_process_set
 from .reduction import Average, ReduceOp, resolve_op
 
 _Param = torch.nn.Parameter
-#: The first bucket of a step is small, so that its allreduce starts early in backward (as DDP does).
-FIRST_BUCKET_BYTES = 1024 * 1024
+#: Marks a gradient that is reduced as part of its bucket's flat allreduce.
+_IN_BUCKET = object()
 _SPARSE_OPS = (ReduceOp.AVERAGE, ReduceOp.SUM)
 
 
@@ -115,11 +116,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._groups = _split_groups(groups, self._params)
         self._group_of = {p: index for index, group in enumerate(self._groups) for p in group}
         self._group_ready: dict[int, list[torch.Tensor]] = {}
-        self._bucket: list[torch.Tensor] = []
-        self._bucket_bytes = 0
-        self._buckets_sent = 0
-        self._flush_queued = False
-        self._bucket_cap_bytes = int(config.float_setting("BUCKET_CAP_MB", 25.0) * 1024 * 1024)
+        cap_bytes = int(config.float_setting("BUCKET_CAP_MB", 25.0) * 1024 * 1024)
+        self._buckets = plan_buckets([p for p in self._params if p not in self._group_of], cap_bytes)
+        self._bucket_of = {p: bucket for bucket in self._buckets for p in bucket.params}
+        self._bucket_handles: dict[int, tuple[int, Any, list[torch.Tensor]]] = {}
         self._synchronized = False
         self._should_synchronize = True
         self._hook_handles = []
@@ -150,33 +150,40 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._submit_group(group)
 
     def _add_to_bucket(self, param: torch.Tensor) -> None:
-        """Collect ready gradients and submit them together once the bucket is full (1 MB for the first
-        bucket of a step, then ``TORCHRING_BUCKET_CAP_MB``), and at the end of backward: fewer, larger
-        negotiations and fused allreduces, while the first ones still overlap the rest of backward."""
-        self._handles[param] = (None, None)  # ready, not submitted yet
-        self._bucket.append(param)
-        grad = param.grad
-        self._bucket_bytes += grad.numel() * grad.element_size() if grad is not None else 0
-        cap = FIRST_BUCKET_BYTES if self._buckets_sent == 0 else self._bucket_cap_bytes
-        if self._bucket_bytes >= cap:
-            self._flush_bucket()
-        elif not self._flush_queued:
-            self._flush_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._flush_at_end_of_backward)
+        """Mark ``param``'s gradient ready; submit its bucket once the whole bucket is."""
+        bucket = self._bucket_of[param]
+        self._handles[param] = (_IN_BUCKET, None)
+        bucket.ready.add(id(param))
+        if len(bucket.ready) == len(bucket.params):
+            self._submit_bucket(bucket)
 
-    def _flush_at_end_of_backward(self) -> None:
-        self._flush_queued = False
-        self._flush_bucket()
-
-    def _flush_bucket(self) -> None:
-        if not self._bucket:
+    def _submit_bucket(self, bucket: Bucket) -> None:
+        """One allreduce for the bucket: in place for a single gradient, through its flat buffer otherwise.
+        Gradients this rank did not compute contribute zeros."""
+        bucket.ready.clear()
+        params = bucket.params
+        for param in params:
+            if param.grad is None:
+                param.grad = self._zero_gradient(param)
+            elif param.grad.is_sparse and self.sparse_as_dense:
+                param.grad = param.grad.to_dense()
+        if len(params) == 1 or any(param.grad.is_sparse for param in params):
+            for param in params:  # sparse gradients are reduced one by one (the same on every rank)
+                self._handles[param] = self._allreduce_gradient(param)
             return
-        bucket, self._bucket, self._bucket_bytes = self._bucket, [], 0
-        self._buckets_sent += 1
-        with submission_batch():
-            for param in bucket:
-                if self._handles.get(param, (None, None))[0] is None:
-                    self._handles[param] = self._allreduce_gradient(param)
+        flat = bucket.flat_buffer()
+        torch.cat([param.grad.reshape(-1) for param in params], out=flat)
+        compressed, ctx = self._compression.compress(flat)
+        prescale, postscale = self._scale_factors()
+        handle = allreduce_async_(compressed, name=f"bucket.{bucket.index}.{self._parameter_names[params[0]]}",
+                                  op=self.op, prescale_factor=prescale, postscale_factor=postscale,
+                                  process_set=self._process_set)
+        self._bucket_handles[bucket.index] = (handle, ctx, params)
+
+    def _scale_factors(self) -> tuple[float, float]:
+        if self.op is ReduceOp.AVERAGE and self.gradient_predivide_factor != 1.0:
+            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        return 1.0, 1.0
 
     def _submit_group(self, group: int) -> None:
         for param in self._groups[group]:
@@ -191,9 +198,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 return self._sparse_allgather(param), None
             param.grad = param.grad.to_dense()
         compressed, ctx = self._compression.compress(param.grad)
-        prescale = postscale = 1.0
-        if self.op is ReduceOp.AVERAGE and self.gradient_predivide_factor != 1.0:
-            prescale, postscale = 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        prescale, postscale = self._scale_factors()
         handle = allreduce_async_(compressed, name=self._parameter_names[param], op=self.op,
                                   prescale_factor=prescale, postscale_factor=postscale,
                                   process_set=self._process_set)
@@ -243,15 +248,28 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._synchronized = True
             return
         with submission_batch():
-            self._flush_bucket()
+            for bucket in self._buckets:
+                if bucket.ready or any(self._handles.get(p, (None, None))[0] is None for p in bucket.params):
+                    self._submit_bucket(bucket)  # not complete on this rank: the rest contribute zeros
             for param in self._params:
-                if self._handles.get(param, (None, None))[0] is None:
+                if self._handles.get(param, (None, None))[0] is None and param not in self._bucket_of:
                     group = self._group_of.get(param)
                     if group is not None and group in self._group_ready:
                         self._submit_group(group)
                     else:
                         self._handles[param] = self._allreduce_gradient(param)
+        for handle, ctx, params in self._bucket_handles.values():
+            reduced = self._compression.decompress(wait_handle(handle), ctx)
+            offset = 0
+            for param in params:
+                count = param.numel()
+                param.grad.copy_(reduced[offset:offset + count].view_as(param.grad))
+                offset += count
+        self._bucket_handles.clear()
         for param, (handle, ctx) in list(self._handles.items()):
+            if handle is _IN_BUCKET:
+                self._allreduce_delay[param] = self.backward_passes_per_step
+                continue
             if isinstance(handle, _SparseReduction):
                 param.grad = self._sparse_result(handle)
             else:
@@ -260,7 +278,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     param.grad.copy_(output)
             self._allreduce_delay[param] = self.backward_passes_per_step
         self._handles.clear()
-        self._buckets_sent = 0
         self._synchronized = True
 
     @contextmanager
@@ -299,7 +316,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Load optimizer state; reductions still pending from an interrupted step are dropped."""
         self._handles.clear()
         self._group_ready.clear()
-        self._bucket, self._bucket_bytes, self._buckets_sent = [], 0, 0
+        self._bucket_handles.clear()
+        for bucket in self._buckets:
+            bucket.ready.clear()
         self._allreduce_delay = {p: self.backward_passes_per_step for p in self._params}
         self._synchronized = False
         self._should_synchronize = True

@@ -12,7 +12,9 @@ def test_timeline_of_a_short_training_run(tmp_path):
     assert result.returncode == 0, result.stderr
     events = json.loads(path.read_text())
     tensors = {e["args"]["name"] for e in events if e.get("name") == "process_name"}
-    assert {"allreduce.0.weight", "allreduce.0.bias", "allreduce.2.weight", "allreduce.2.bias"} <= tensors
+    # the optimizer's gradients travel as one bucket; broadcast_parameters sends each parameter
+    assert {"allreduce.bucket.0.2.bias", "broadcast.0.weight", "broadcast.0.bias", "broadcast.2.weight",
+            "broadcast.2.bias"} <= tensors
     names = {e.get("name") for e in events}
     assert {"NEGOTIATE_ALLREDUCE", "ALLREDUCE", "GLOO_ALLREDUCE", "NEGOTIATE_BROADCAST", "BROADCAST",
             "MEMCPY_IN_FUSION_BUFFER", "MEMCPY_OUT_FUSION_BUFFER", "CYCLE_START", "0", "1"} <= names

@@ -91,8 +91,9 @@ def train_table(result: Mapping[str, Any]) -> str:
     return markdown_table(headers, rows, [False, True, True, True, True, True, True])
 
 
-TRAIN_LEGEND = ("engine ms/step: CPU time of torchring's engine and completion threads per training step "
-                "(negotiation, fusion planning, bookkeeping), the most of any rank")
+TRAIN_LEGEND = ("engine ms/step: CPU time of torchring's engine thread per training step (negotiation, fusion "
+                "planning, launching, bookkeeping; not the averaging and copies done on the data path), the most "
+                "of any rank")
 
 
 def scaling_table(result: Mapping[str, Any]) -> str:

@@ -176,6 +176,16 @@ def _peer_failure_reporter(environment: ClusterEnvironment, store: dist.Store,
     return lambda reason: store.set(peer_failure_key(rank), reason)
 
 
+def _gloo_group(store: dist.Store, rank: int, size: int, timeout: timedelta, threads: int) -> dist.ProcessGroup:
+    """A Gloo group with ``threads`` worker threads (the control exchange runs one collective at a time,
+    so one thread is enough and leaves the CPU to training)."""
+    options = dist.ProcessGroupGloo._Options()
+    options._timeout = timeout
+    options._devices = [dist.ProcessGroupGloo.create_default_device()]
+    options._threads = threads
+    return dist.ProcessGroupGloo(store, rank, size, options)
+
+
 def _wait_for_all_ranks(store: dist.Store, prefix: str, rank: int, size: int) -> None:
     """Meet every rank in the store (within the start timeout) before creating the groups, so that ranks
     which start late only need ``START_TIMEOUT``; a rank that never comes is named in the error."""
@@ -231,8 +241,8 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
         control_group = data_group = None
         if info.size > 1:
             _wait_for_all_ranks(store, prefix, info.rank, info.size)
-            control_group = dist.ProcessGroupGloo(dist.PrefixStore(f"{prefix}/control", store), info.rank,
-                                                  info.size, timeout)
+            control_group = _gloo_group(dist.PrefixStore(f"{prefix}/control", store), info.rank, info.size,
+                                        timeout, threads=1)
             data_group = dist.ProcessGroupGloo(dist.PrefixStore(f"{prefix}/data", store), info.rank,
                                                info.size, timeout)
         data_groups = DataGroups(

@@ -141,8 +141,13 @@ class Engine:
         self._thread.start()
 
     def cpu_seconds(self) -> float:
-        """CPU time the engine and completion threads have used so far (their own work, not waiting)."""
-        return thread_cpu_seconds(self._thread) + thread_cpu_seconds(self._completer.thread)
+        """CPU time the engine thread has used so far: negotiation, fusion planning, launching and
+        bookkeeping (not waiting; the completion thread's averaging and copies are data work)."""
+        return thread_cpu_seconds(self._thread)
+
+    def completion_cpu_seconds(self) -> float:
+        """CPU time of the completion thread: finishing collectives (averaging, scaling, copies out)."""
+        return thread_cpu_seconds(self._completer.thread)
 
     def submit(self, request: Request) -> None:
         """Queue ``request``; raise at once for a duplicate name or a stopped engine."""

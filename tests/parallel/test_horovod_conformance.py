@@ -1320,13 +1320,11 @@ def test_op_sum_and_gradient_predivide_factor(rank, size):
                                  gradient_predivide_factor=2.0)
 
 
-def test_backward_passes_per_step(rank, size):
-    model = _small_model()
-    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                         named_parameters=model.named_parameters(), backward_passes_per_step=2)
-    batches = [_batch(rank * 10 + i) for i in range(2)]
+def _check_accumulated_step(model: nn.Module, optimizer: torch.optim.Optimizer, batches, name: str) -> None:
+    """Backward over every batch, then synchronize: the gradients are the averages of the accumulated
+    local gradients; then step."""
     local = _local_gradients(model, batches)
-    expected = [hvd.allreduce(g, name=f"bpps.expected.{i}") for i, g in enumerate(local)]
+    expected = [hvd.allreduce(g, name=f"{name}.{i}") for i, g in enumerate(local)]
     optimizer.zero_grad()
     for data, target in batches:
         F.cross_entropy(model(data), target).backward()
@@ -1335,6 +1333,14 @@ def test_backward_passes_per_step(rank, size):
         assert torch.allclose(p.grad, g, atol=1e-6)
     with optimizer.skip_synchronize():
         optimizer.step()
+
+
+def test_backward_passes_per_step(rank, size):
+    model = _small_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters(), backward_passes_per_step=2)
+    batches = [_batch(rank * 10 + i) for i in range(2)]
+    _check_accumulated_step(model, optimizer, batches, "bpps.expected")
     # and once more, after the counters were reset by the step
     optimizer.zero_grad()
     for data, target in batches:
@@ -1577,17 +1583,7 @@ def test_set_backward_passes_per_step(rank, size):
                                          named_parameters=model.named_parameters())
     optimizer.set_backward_passes_per_step(3)
     assert optimizer.backward_passes_per_step == 3
-    batches = [_batch(rank * 5 + i) for i in range(3)]
-    local = _local_gradients(model, batches)
-    expected = [hvd.allreduce(g, name=f"set.bpps.expected.{i}") for i, g in enumerate(local)]
-    optimizer.zero_grad()
-    for data, target in batches:
-        F.cross_entropy(model(data), target).backward()
-    optimizer.synchronize()
-    for p, g in zip(model.parameters(), expected, strict=True):
-        assert torch.allclose(p.grad, g, atol=1e-6)
-    with optimizer.skip_synchronize():
-        optimizer.step()
+    _check_accumulated_step(model, optimizer, [_batch(rank * 5 + i) for i in range(3)], "set.bpps.expected")
 
 
 def test_load_state_dict_discards_pending_gradient_reductions(rank, size):

@@ -39,6 +39,14 @@ class ConvNet(nn.Module):
         return self.fc2(self.drop_fc(F.relu(self.fc1(x))))
 
 
+def _shortcut(in_channels: int, out_channels: int, stride: int) -> nn.Module:
+    """Identity, or a strided 1x1 projection with batch norm when the block changes the shape."""
+    if stride == 1 and in_channels == out_channels:
+        return nn.Identity()
+    return nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False),
+                         nn.BatchNorm2d(out_channels))
+
+
 class BasicBlock(nn.Module):
     """Two 3x3 convolutions with batch norm and an identity (or 1x1 projection) shortcut."""
 
@@ -48,10 +56,7 @@ class BasicBlock(nn.Module):
         self.bn1 = nn.BatchNorm2d(out_channels)
         self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False)
         self.bn2 = nn.BatchNorm2d(out_channels)
-        self.shortcut: nn.Module = nn.Identity()
-        if stride != 1 or in_channels != out_channels:
-            self.shortcut = nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False),
-                                          nn.BatchNorm2d(out_channels))
+        self.shortcut = _shortcut(in_channels, out_channels, stride)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.relu(self.bn1(self.conv1(x)))
@@ -94,10 +99,7 @@ class Bottleneck(nn.Module):
         self.bn2 = nn.BatchNorm2d(width)
         self.conv3 = nn.Conv2d(width, out_channels, 1, bias=False)
         self.bn3 = nn.BatchNorm2d(out_channels)
-        self.shortcut: nn.Module = nn.Identity()
-        if stride != 1 or in_channels != out_channels:
-            self.shortcut = nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False),
-                                          nn.BatchNorm2d(out_channels))
+        self.shortcut = _shortcut(in_channels, out_channels, stride)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.relu(self.bn1(self.conv1(x)))

@@ -42,40 +42,33 @@ class StateHandler:
         self.restore()
 
 
-class ModuleHandler(StateHandler):
-    """A ``torch.nn.Module``: its ``state_dict`` is saved; parameters and buffers are broadcast."""
+class StateDictHandler(StateHandler):
+    """A value with ``state_dict``/``load_state_dict``: a deep copy of its state is what gets committed
+    (restored as a copy too, so later in-place updates never reach the commit)."""
 
     def save(self) -> None:
         self.saved = copy.deepcopy(self.value.state_dict())
 
     def restore(self) -> None:
-        self.value.load_state_dict(self.saved)
+        self.value.load_state_dict(copy.deepcopy(self.saved))
+
+
+class ModuleHandler(StateDictHandler):
+    """A ``torch.nn.Module``: parameters and buffers are broadcast from rank 0."""
 
     def sync(self) -> None:
         broadcast_parameters(self.value.state_dict(), root_rank=0)
 
 
-class OptimizerHandler(StateHandler):
+class OptimizerHandler(StateDictHandler):
     """A ``torch.optim.Optimizer`` (or torchring's DistributedOptimizer): state and hyper-parameters."""
-
-    def save(self) -> None:
-        self.saved = copy.deepcopy(self.value.state_dict())
-
-    def restore(self) -> None:
-        self.value.load_state_dict(self.saved)
 
     def sync(self) -> None:
         broadcast_optimizer_state(self.value, root_rank=0)
 
 
-class SamplerHandler(StateHandler):
+class SamplerHandler(StateDictHandler):
     """An ``ElasticSampler``: its progress is job wide; indices marked by any rank count for all."""
-
-    def save(self) -> None:
-        self.saved = copy.deepcopy(self.value.state_dict())
-
-    def restore(self) -> None:
-        self.value.load_state_dict(self.saved)
 
     def sync(self) -> None:
         state = self.value.state_dict()
@@ -90,14 +83,8 @@ class SamplerHandler(StateHandler):
         return {**self.saved, "processed_indices": merged} if merged else dict(self.saved)
 
 
-class SchedulerHandler(StateHandler):
-    """A learning-rate scheduler: its ``state_dict``, synchronised from rank 0."""
-
-    def save(self) -> None:
-        self.saved = copy.deepcopy(self.value.state_dict())
-
-    def restore(self) -> None:
-        self.value.load_state_dict(copy.deepcopy(self.saved))
+class SchedulerHandler(StateDictHandler):
+    """A learning-rate scheduler, synchronised from rank 0."""
 
     def sync(self) -> None:
         self.value.load_state_dict(broadcast_object(self.value.state_dict(), root_rank=0,

@@ -234,7 +234,7 @@ class Engine:
                     return
                 empty = not responses and not any(a.metas or a.cached for a in announcements)
                 self._empty_cycles = self._empty_cycles + 1 if empty else 0
-                idle = self._empty_cycles >= self._settings.idle_cycles  # the same on every rank
+                idle = self._goes_idle()  # the same on every rank
                 if self.rank == 0:
                     self._forget_finished_epochs(min(a.listened_epoch for a in announcements))
         except BaseException as error:  # noqa: BLE001 - every failure must reach the waiting ranks
@@ -259,6 +259,16 @@ class Engine:
             self._report_peer_failure(reason)
         except Exception:  # noqa: BLE001 - the launcher may be gone; the error still reaches the user
             pass
+
+    def _goes_idle(self) -> bool:
+        """Whether every rank's engine blocks after this cycle (decided from state all ranks share).
+
+        By default, as soon as nothing is left pending: a rank that submitted during this cycle finds its
+        request queued and wakes the others itself. With ``TORCHRING_IDLE_AFTER_MS`` set, only after that
+        many cycles' worth of empty cycles."""
+        if self._settings.idle_cycles <= 1:
+            return not self._negotiator.pending
+        return self._empty_cycles >= self._settings.idle_cycles
 
     def _wait_for_cycle(self) -> tuple[list[Request], bool]:
         """Wait for the next cycle: at most one cycle time after the last one started. A request after a

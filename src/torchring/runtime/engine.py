@@ -16,7 +16,6 @@ some rank submits again or shuts down; that rank wakes the others through the st
 
 from __future__ import annotations
 
-import logging
 import pickle
 import threading
 import time
@@ -28,14 +27,13 @@ from .completion import Completer, Launched
 from .control import ControlChannel
 from .executor import Executor
 from .fusion import plan_batches
-from .negotiation import Negotiator, PendingEntry, RequestKey, Response
+from .negotiation import Negotiator, RequestKey, Response
 from .process_set_table import ProcessSetTable
 from .requests import DATA_OPS, OpType, Request, RequestMeta
 from .response_cache import ResponseCache
+from .stall_inspector import StallInspector
 from .timeline import NullTimeline, TimelineWriter
 from .wakeup import Waker
-
-logger = logging.getLogger("torchring")
 
 
 @dataclass(frozen=True)
@@ -126,7 +124,8 @@ class Engine:
         self._forgotten_epoch = -1
         self._failure: BaseException | None = None
         self._stopped_by: list[int] = []
-        self._last_stall_check = 0.0
+        self._stalls = StallInspector(self._negotiator, settings.stall_check_enabled and rank == 0,
+                                      settings.stall_warning_s, settings.stall_shutdown_s)
         self._stall_abort = ""
         #: Rank 0 records a Chrome-trace timeline when one is set (``HOROVOD_TIMELINE``, start_timeline()).
         self.timeline: TimelineWriter | NullTimeline = NullTimeline()
@@ -296,7 +295,7 @@ class Engine:
             self._wants_notify = True
             while (not self._queue and not self._shutdown_requested and not self._stall_abort
                    and self._woken_epoch < epoch and self._failure is None):
-                self._cond.wait(self._stall_check_interval())
+                self._cond.wait(self._stalls.check_interval())
                 self._inspect_stalls()
             self._wants_notify = False
             woken_remotely = self._woken_epoch >= epoch
@@ -459,54 +458,7 @@ class Engine:
             "rank can no longer complete."
         )
 
-    # ---- stall inspector --------------------------------------------------------------------------
-
-    def _stall_lines(self, entries: list[tuple[RequestKey, PendingEntry]]) -> list[str]:
-        lines = []
-        for key, entry in entries:
-            missing = self._negotiator.missing_ranks(key, entry)
-            where = f" (process set {key[0]})" if key[0] else ""
-            lines.append(f"  {key[1]}{where}: waiting for ranks {missing} (ready on {sorted(entry.metas)})"
-                         + self._negotiator.same_name_hint(key, missing))
-        return lines
-
-    def _stall_check_interval(self) -> float:
-        if not self._settings.stall_check_enabled:
-            return 3600.0
-        limits = [self._settings.stall_warning_s, self._settings.stall_shutdown_s or float("inf")]
-        return max(1.0, min(min(limits) / 4, 30.0))
-
     def _inspect_stalls(self) -> None:
-        if not self._settings.stall_check_enabled or self.rank != 0:
-            return
-        now = time.monotonic()
-        if now - self._last_stall_check < 1.0:
-            return
-        self._last_stall_check = now
-        threshold = self._settings.stall_warning_s
-        pending = self._negotiator.pending.items()
-        stalled: list[tuple[RequestKey, PendingEntry]] = [
-            (key, entry) for key, entry in pending
-            if now - entry.first_seen > threshold and now - entry.stall_reported_at > threshold
-        ]
-        shutdown_after = self._settings.stall_shutdown_s
-        if shutdown_after > 0:
-            expired = [(key, entry) for key, entry in pending if now - entry.first_seen > shutdown_after]
-            if expired:
-                self._stall_abort = (
-                    f"torchring stopped: operations waited more than {shutdown_after:.0f}s for other ranks "
-                    f"(HOROVOD_STALL_SHUTDOWN_TIME_SECONDS):\n" + "\n".join(self._stall_lines(expired))
-                )
-        if not stalled:
-            return
-        for _, entry in stalled:
-            entry.stall_reported_at = now
-        lines = self._stall_lines(stalled)
-        logger.warning(
-            "One or more tensors were submitted to be reduced, gathered or broadcasted by a subset of "
-            "ranks and have been waiting for more than %.0f seconds. This may indicate that different "
-            "ranks are trying to submit different tensors, or that only a subset of ranks is submitting "
-            "tensors, which will cause a deadlock.\nStalled operations:\n%s",
-            threshold,
-            "\n".join(lines),
-        )
+        abort = self._stalls.inspect()
+        if abort:
+            self._stall_abort = abort

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .runtime.fusion import SEPARATE_AT_BYTES
+
 #: The first bucket of a step is small, so that its allreduce starts early in backward.
 FIRST_BUCKET_BYTES = 1024 * 1024
-#: Gradients at least this large are reduced in place on their own (no copy into a shared buffer).
-SEPARATE_AT_BYTES = 1024 * 1024
 
 
 @dataclass

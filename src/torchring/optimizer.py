@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from . import config
-from .collectives import allgather_async, allreduce_async_
+from .collectives import allreduce_async_, sparse_allreduce_async
 from .collectives import synchronize as wait_handle
 from .compression import Compression, Compressor
 from .gradient_buckets import Bucket, plan_buckets
@@ -35,11 +35,9 @@ _SPARSE_OPS = (ReduceOp.AVERAGE, ReduceOp.SUM)
 
 @dataclass(frozen=True)
 class _SparseReduction:
-    """The two allgathers that reduce one sparse gradient, and what rebuilding the sum needs."""
+    """The sparse allreduce of one gradient (values compressed), and what decompressing them needs."""
 
-    indices: int
-    values: int
-    shape: torch.Size
+    handle: int
     compression_ctx: Any
 
 
@@ -133,7 +131,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     # ---- hooks ----------------------------------------------------------------------------------
 
     def _gradient_ready(self, param: torch.Tensor) -> None:
-        if param in self._handles and self._handles[param][0] is not None and self._allreduce_delay[param] <= 0:
+        if not self._not_submitted(param) and self._allreduce_delay[param] <= 0:
             raise AssertionError("Gradients were computed more than backward_passes_per_step times before call "
                                  "to step(). Increase backward_passes_per_step to accumulate gradients locally.")
         self._allreduce_delay[param] -= 1
@@ -148,6 +146,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._handles[param] = (None, None)
         if len(ready) == len(self._groups[group]):
             self._submit_group(group)
+
+    def _not_submitted(self, param: torch.Tensor) -> bool:
+        """True when ``param``'s gradient is not yet part of a submitted reduction this step."""
+        return self._handles.get(param, (None, None))[0] is None
 
     def _add_to_bucket(self, param: torch.Tensor) -> None:
         """Mark ``param``'s gradient ready; submit its bucket once the whole bucket is."""
@@ -227,17 +229,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         grad = param.grad.coalesce()
         self._sparse_dims[param] = grad.sparse_dim()
         values, ctx = self._compression.compress(grad.values())
-        indices = allgather_async(grad.indices().t().contiguous(), name=f"{name}.indices",
-                                  process_set=self._process_set)
-        return _SparseReduction(indices=indices,
-                                values=allgather_async(values, name=f"{name}.values", process_set=self._process_set),
-                                shape=grad.shape, compression_ctx=ctx)
+        compressed = torch.sparse_coo_tensor(grad.indices(), values, grad.shape, check_invariants=True,
+                                             is_coalesced=True)
+        # Summed here; averaging happens after decompression, in the gradient's own dtype.
+        handle = sparse_allreduce_async(compressed, name=name, op=ReduceOp.SUM, process_set=self._process_set)
+        return _SparseReduction(handle=handle, compression_ctx=ctx)
 
     def _sparse_result(self, reduction: _SparseReduction) -> torch.Tensor:
         """The sum (``op=Sum``) or average of all ranks' sparse gradients, as a coalesced COO tensor."""
-        indices = wait_handle(reduction.indices).t()
-        values = self._compression.decompress(wait_handle(reduction.values), reduction.compression_ctx)
-        total = torch.sparse_coo_tensor(indices, values, reduction.shape, check_invariants=True).coalesce()
+        gathered = wait_handle(reduction.handle)  # every rank's entries, not yet coalesced
+        values = self._compression.decompress(gathered._values(), reduction.compression_ctx)
+        total = torch.sparse_coo_tensor(gathered._indices(), values, gathered.shape, check_invariants=True).coalesce()
         return total / self._process_set.size() if self.op is ReduceOp.AVERAGE else total
 
     # ---- public API -----------------------------------------------------------------------------
@@ -249,10 +251,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         with submission_batch():
             for bucket in self._buckets:
-                if bucket.ready or any(self._handles.get(p, (None, None))[0] is None for p in bucket.params):
+                if any(self._not_submitted(p) for p in bucket.params):
                     self._submit_bucket(bucket)  # not complete on this rank: the rest contribute zeros
             for param in self._params:
-                if self._handles.get(param, (None, None))[0] is None and param not in self._bucket_of:
+                if self._not_submitted(param) and param not in self._bucket_of:
                     group = self._group_of.get(param)
                     if group is not None and group in self._group_ready:
                         self._submit_group(group)

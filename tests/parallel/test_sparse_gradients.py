@@ -104,20 +104,23 @@ def assert_sparse_gradients_match(gradients: list, expected: list) -> None:
         assert torch.allclose(grad.to_dense(), reference.to_dense(), atol=1e-5)
 
 
-def test_sparse_gradients_are_averaged_as_sparse_tensors(rank, size):
-    model, gradients = train_distributed("sparse_avg", embedding_loss, rank)
-    reference, expected = train_reference(embedding_loss, size, scale=1.0 / size)
+def assert_trained_like_reference(model, gradients: list, reference, expected: list) -> None:
+    """Sparse gradients equal to the reference's, and the same model on every rank as the reference's."""
     assert_sparse_gradients_match(gradients, expected)
     assert_identical_on_all_ranks(model)
     assert_matches_reference(model, reference)
+
+
+def test_sparse_gradients_are_averaged_as_sparse_tensors(rank, size):
+    model, gradients = train_distributed("sparse_avg", embedding_loss, rank)
+    reference, expected = train_reference(embedding_loss, size, scale=1.0 / size)
+    assert_trained_like_reference(model, gradients, reference, expected)
 
 
 def test_sparse_gradients_summed_with_op_sum(rank, size):
     model, gradients = train_distributed("sparse_sum", embedding_loss, rank, op=hvd.Sum)
     reference, expected = train_reference(embedding_loss, size, scale=1.0)
-    assert_sparse_gradients_match(gradients, expected)
-    assert_identical_on_all_ranks(model)
-    assert_matches_reference(model, reference)
+    assert_trained_like_reference(model, gradients, reference, expected)
 
 
 def test_sparse_as_dense_reduces_dense_gradients(rank, size):
@@ -145,9 +148,7 @@ def test_sparse_and_dense_parameters_together(rank, size, options):
 def test_rank_without_sparse_gradient_contributes_an_empty_one(rank, size):
     model, gradients = train_distributed("sparse_missing", dense_only_loss_on_rank0, rank)
     reference, expected = train_reference(dense_only_loss_on_rank0, size, scale=1.0 / size)
-    assert_sparse_gradients_match(gradients, expected)
-    assert_identical_on_all_ranks(model)
-    assert_matches_reference(model, reference)
+    assert_trained_like_reference(model, gradients, reference, expected)
 
 
 def test_sparse_gradients_with_fp16_compression(rank, size):

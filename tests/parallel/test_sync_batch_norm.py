@@ -69,6 +69,18 @@ def make_pair(reference_cls: type[nn.Module], **kwargs) -> tuple[SyncBatchNorm, 
     return sync, reference
 
 
+def run_both(sync: nn.Module, reference: nn.Module, mine: torch.Tensor, batches: list[torch.Tensor],
+             weights: list[torch.Tensor], rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Forward and weighted backward of this rank's ``mine`` through ``sync`` and of every rank's batches
+    through ``reference``; returns (sync output, reference output, the reference's input)."""
+    output = sync(mine)
+    (output * weights[rank]).sum().backward()
+    everyone = torch.cat(batches).requires_grad_(True)
+    expected = reference(everyone)
+    (expected * torch.cat(weights)).sum().backward()
+    return output, expected, everyone
+
+
 def assert_same_buffers(sync: nn.Module, reference: nn.Module) -> None:
     torch.testing.assert_close(sync.running_mean, reference.running_mean, **TOLERANCE)
     torch.testing.assert_close(sync.running_var, reference.running_var, **TOLERANCE)
@@ -97,10 +109,7 @@ def test_gradients_match_reference(rank, size, layout, affine):
     batches, weights = all_batches(size, spatial, seed=11), loss_weights(size, spatial, seed=11)
 
     mine = batches[rank].clone().requires_grad_(True)
-    (sync(mine) * weights[rank]).sum().backward()
-
-    everyone = torch.cat(batches).requires_grad_(True)
-    (reference(everyone) * torch.cat(weights)).sum().backward()
+    _, _, everyone = run_both(sync, reference, mine, batches, weights, rank)
 
     torch.testing.assert_close(mine.grad, everyone.grad[rows_of(rank)], **TOLERANCE)
     if not affine:
@@ -124,11 +133,7 @@ def test_float64_matches_reference_tightly(rank, size):
     weights = [w.double() for w in loss_weights(size, spatial, seed=21)]
 
     mine = batches[rank].clone().requires_grad_(True)
-    output = sync(mine)
-    (output * weights[rank]).sum().backward()
-    everyone = torch.cat(batches).requires_grad_(True)
-    expected = reference(everyone)
-    (expected * torch.cat(weights)).sum().backward()
+    output, expected, everyone = run_both(sync, reference, mine, batches, weights, rank)
 
     assert output.dtype == torch.float64
     torch.testing.assert_close(output, expected[rows_of(rank)])
@@ -153,11 +158,7 @@ def test_channels_last_input(rank, size):
     spatial = LAYOUTS["N,C,H,W"][1]
     batches, weights = all_batches(size, spatial, seed=41), loss_weights(size, spatial, seed=41)
     mine = batches[rank].contiguous(memory_format=torch.channels_last).requires_grad_(True)
-    output = sync(mine)
-    (output * weights[rank]).sum().backward()
-    everyone = torch.cat(batches).requires_grad_(True)
-    expected = reference(everyone)
-    (expected * torch.cat(weights)).sum().backward()
+    output, expected, everyone = run_both(sync, reference, mine, batches, weights, rank)
     torch.testing.assert_close(output, expected[rows_of(rank)], **TOLERANCE)
     torch.testing.assert_close(mine.grad, everyone.grad[rows_of(rank)], **TOLERANCE)
 
@@ -207,11 +208,7 @@ def test_rank_with_empty_batch(rank, size):
     batches[0], weights[0] = batches[0][:0], weights[0][:0]
     starts = [0, *torch.tensor([len(b) for b in batches]).cumsum(0).tolist()]
     mine = batches[rank].clone().requires_grad_(True)
-    output = sync(mine)
-    (output * weights[rank]).sum().backward()
-    everyone = torch.cat(batches).requires_grad_(True)
-    expected = reference(everyone)
-    (expected * torch.cat(weights)).sum().backward()
+    output, expected, everyone = run_both(sync, reference, mine, batches, weights, rank)
     rows = slice(starts[rank], starts[rank + 1])
     torch.testing.assert_close(output, expected[rows], **TOLERANCE)
     torch.testing.assert_close(mine.grad, everyone.grad[rows], **TOLERANCE)

@@ -63,9 +63,9 @@ class EngineSettings:
     fusion_threshold: int = 128 * 1024 * 1024
     #: Negotiated requests remembered so that repeating them costs one bit (0: no cache).
     cache_capacity: int = 1024
-    #: Consecutive empty cycles after which the engines stop cycling and block until woken. Every rank
-    #: must use the same number (they go idle together).
-    idle_cycles: int = 10
+    #: 1: engines block until woken as soon as nothing is pending; more: only after that many consecutive
+    #: empty cycles. Every rank must use the same number (they go idle together).
+    idle_cycles: int = 1
 
 
 def thread_cpu_seconds(thread: threading.Thread) -> float:
@@ -108,8 +108,6 @@ class Engine:
         self._report_peer_failure = report_peer_failure
         self._negotiator = Negotiator(size, process_sets.members)
         self.response_cache = ResponseCache(settings.cache_capacity, rank)
-        #: Negotiation cycles run so far.
-        self.cycles = 0
         self._cycle_started = 0.0
         #: True after a cycle that carried this rank's requests: the next one waits a full cycle time.
         self._pacing = False
@@ -143,10 +141,6 @@ class Engine:
         """CPU time the engine thread has used so far: negotiation, fusion planning, launching and
         bookkeeping (not waiting; the completion thread's averaging and copies are data work)."""
         return thread_cpu_seconds(self._thread)
-
-    def completion_cpu_seconds(self) -> float:
-        """CPU time of the completion thread: finishing collectives (averaging, scaling, copies out)."""
-        return thread_cpu_seconds(self._completer.thread)
 
     def submit(self, request: Request) -> None:
         """Queue ``request``; raise at once for a duplicate name or a stopped engine."""
@@ -202,7 +196,6 @@ class Engine:
                     new_requests, shutting_down = self._wait_for_cycle()
                 if self._failure is not None:
                     raise self._failure
-                self.cycles += 1
                 cached, misses = self.response_cache.encode([r.meta for r in new_requests])
                 announcement = Announcement(misses, shutting_down, self._woken_epoch, self._stall_abort, cached)
                 announcements = self._exchange(announcement)

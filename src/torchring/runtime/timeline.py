@@ -104,13 +104,7 @@ class TimelineWriter:
 
     def negotiate_start(self, name: str, op: str) -> None:
         """The first rank reported a request for ``name``: begin ``NEGOTIATE_<OP>``."""
-        with self._lock:
-            if self._closed:
-                return
-            self._close_spans(name)
-            self._tensor_event(name, "B", "NEGOTIATE_" + op.upper())
-            self._states[name] = _NEGOTIATING
-            self._done()
+        self._begin_top_level(name, "NEGOTIATE_" + op.upper(), _NEGOTIATING)
 
     def negotiate_rank_ready(self, name: str, rank: int) -> None:
         """``rank`` reported its request for ``name``: an instant event named after the rank."""
@@ -133,12 +127,16 @@ class TimelineWriter:
 
     def op_start(self, name: str, op: str) -> None:
         """Begin the ``<OP>`` span of ``name`` (closing its negotiation if still open)."""
+        self._begin_top_level(name, op.upper(), _TOP_LEVEL)
+
+    def _begin_top_level(self, name: str, label: str, state: int) -> None:
+        """Close whatever ``name`` had open and begin its top-level span ``label``."""
         with self._lock:
             if self._closed:
                 return
             self._close_spans(name)
-            self._tensor_event(name, "B", op.upper())
-            self._states[name] = _TOP_LEVEL
+            self._tensor_event(name, "B", label)
+            self._states[name] = state
             self._done()
 
     def activity_start(self, name: str, activity: str) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from .compression import Compression, Compressor
+from .gradient_lane import shadow_open_lanes
 from .handles import CallableHandle, auto_name, check_tensor, combine, poll, submit, synchronize
 from .process_sets import ProcessSet, global_process_set, resolve
 from .reduction import ReduceOp, resolve_op
@@ -295,7 +296,9 @@ def join(device: int = -1) -> int:
     def meta(n: str, seq: int) -> RequestMeta:
         return RequestMeta(name=n, op_type=OpType.JOIN, seq=seq)
 
-    return synchronize(submit(meta, "join", None, None))
+    handle = submit(meta, "join", None, None)
+    shadow_open_lanes(context.current().generation)
+    return synchronize(handle)
 
 
 from . import differentiable  # noqa: E402 - autograd wrappers build on the functions above

@@ -19,18 +19,24 @@ from typing import Any
 import torch
 
 from . import config
-from .collectives import allreduce_async_, sparse_allreduce_async
+from .collectives import allreduce, allreduce_async_, sparse_allreduce_async
 from .collectives import synchronize as wait_handle
 from .compression import Compression, Compressor
 from .gradient_buckets import Bucket, plan_buckets
+from .gradient_lane import GradientLane, LaneSettings
 from .handles import submission_batch
 from .process_sets import ProcessSet, global_process_set
 from .reduction import Average, ReduceOp, resolve_op
+from .runtime import context
 
 _Param = torch.nn.Parameter
 #: Marks a gradient that is reduced as part of its bucket's flat allreduce.
 _IN_BUCKET = object()
 _SPARSE_OPS = (ReduceOp.AVERAGE, ReduceOp.SUM)
+_LANE_OPS = (ReduceOp.AVERAGE, ReduceOp.SUM)
+_LANE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+#: Lane votes: every rank can use a lane / a rank never can (stop voting); a joined rank counts as 0.
+_LANE_YES, _LANE_NEVER = 2.0, 1.0
 
 
 @dataclass(frozen=True)
@@ -118,6 +124,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._buckets = plan_buckets([p for p in self._params if p not in self._group_of], cap_bytes)
         self._bucket_of = {p: bucket for bucket in self._buckets for p in bucket.params}
         self._bucket_handles: dict[int, tuple[int, Any, list[torch.Tensor]]] = {}
+        #: The bucket lane once every rank has agreed to it (see ``gradient_lane``); None before.
+        self._lane: GradientLane | None = None
+        self._lane_voting = True
         self._synchronized = False
         self._should_synchronize = True
         self._hook_handles = []
@@ -157,18 +166,30 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._handles[param] = (_IN_BUCKET, None)
         bucket.ready.add(id(param))
         if len(bucket.ready) == len(bucket.params):
-            self._submit_bucket(bucket)
+            lane = self._active_lane()
+            if lane is None:
+                self._submit_bucket(bucket)
+            else:
+                self._prepare_bucket(bucket)
+                lane.bucket_ready(bucket)
 
-    def _submit_bucket(self, bucket: Bucket) -> None:
-        """One allreduce for the bucket: in place for a single gradient, through its flat buffer otherwise.
-        Gradients this rank did not compute contribute zeros."""
+    def _prepare_bucket(self, bucket: Bucket) -> None:
+        """Zeros for the gradients this rank did not compute; dense gradients when asked."""
         bucket.ready.clear()
-        params = bucket.params
-        for param in params:
+        for param in bucket.params:
             if param.grad is None:
                 param.grad = self._zero_gradient(param)
             elif param.grad.is_sparse and self.sparse_as_dense:
                 param.grad = param.grad.to_dense()
+        if self._lane is not None and any(param.grad.is_sparse for param in bucket.params):
+            raise ValueError(f"parameter '{self._parameter_names[bucket.params[0]]}' got a sparse gradient after "
+                             "its first steps were dense; use sparse_as_dense=True for gradients that change kind.")
+
+    def _submit_bucket(self, bucket: Bucket) -> None:
+        """One allreduce for the bucket: in place for a single gradient, through its flat buffer otherwise.
+        Gradients this rank did not compute contribute zeros."""
+        self._prepare_bucket(bucket)
+        params = bucket.params
         if len(params) == 1 or any(param.grad.is_sparse for param in params):
             for param in params:  # sparse gradients are reduced one by one (the same on every rank)
                 self._handles[param] = self._allreduce_gradient(param)
@@ -177,7 +198,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         torch.cat([param.grad.reshape(-1) for param in params], out=flat)
         compressed, ctx = self._compression.compress(flat)
         prescale, postscale = self._scale_factors()
-        handle = allreduce_async_(compressed, name=f"bucket.{bucket.index}.{self._parameter_names[params[0]]}",
+        handle = allreduce_async_(compressed, name=self._bucket_name(bucket),
                                   op=self.op, prescale_factor=prescale, postscale_factor=postscale,
                                   process_set=self._process_set)
         self._bucket_handles[bucket.index] = (handle, ctx, params)
@@ -249,6 +270,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not self._reduces():
             self._synchronized = True
             return
+        lane = self._active_lane()
+        if lane is not None:
+            self._synchronize_lane(lane)
+            return
         with submission_batch():
             for bucket in self._buckets:
                 if any(self._not_submitted(p) for p in bucket.params):
@@ -281,6 +306,63 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._allreduce_delay[param] = self.backward_passes_per_step
         self._handles.clear()
         self._synchronized = True
+        self._vote_for_lane()
+
+    # ---- the bucket lane ------------------------------------------------------------------------
+
+    def _active_lane(self) -> GradientLane | None:
+        """The lane, unless torchring was re-initialised since it opened (then vote again)."""
+        lane = self._lane
+        if lane is None:
+            return None
+        if not context.is_initialized() or context.current().generation != lane.generation:
+            lane.close()
+            self._lane, self._lane_voting = None, True
+            return None
+        return lane
+
+    def _synchronize_lane(self, lane: GradientLane) -> None:
+        for bucket in self._buckets:
+            if any(self._not_submitted(p) for p in bucket.params):
+                self._prepare_bucket(bucket)  # not handed to the lane yet: the missing gradients are zeros
+        lane.finish_step()
+        for param in self._handles:
+            self._allreduce_delay[param] = self.backward_passes_per_step
+        self._handles.clear()
+        self._synchronized = True
+
+    def _lane_possible(self) -> bool:
+        """Whether this rank can reduce its buckets on a lane (dense float gradients, Average or Sum)."""
+        return (config.bool_setting("GRADIENT_LANE", True) and self.op in _LANE_OPS and not self._groups
+                and not self._sparse_dims and all(p.dtype in _LANE_DTYPES for p in self._params))
+
+    def _vote_for_lane(self) -> None:
+        """After a step negotiated by the engine: open a lane when every rank can and none has joined;
+        stop asking when a rank never can."""
+        if not self._lane_voting or not self._buckets:
+            return
+        vote = torch.tensor([_LANE_YES if self._lane_possible() else _LANE_NEVER])
+        verdict = float(allreduce(vote, name=f"lane_vote.{self._bucket_name(self._buckets[0])}", op=ReduceOp.MIN,
+                                  process_set=self._process_set)[0])
+        if verdict == _LANE_NEVER:
+            self._lane_voting = False
+        elif verdict == _LANE_YES:
+            runtime = context.current()
+            prescale, postscale = self._scale_factors()
+            stall = runtime.engine.settings
+            settings = LaneSettings(
+                set_size=self._process_set.size(), average=self.op is ReduceOp.AVERAGE, prescale=prescale,
+                postscale=postscale, compression=self._compression,
+                stall_warning_s=stall.stall_warning_s if stall.stall_check_enabled else 0.0,
+                stall_shutdown_s=stall.stall_shutdown_s,
+            )
+            groups = context.open_lane_groups(self._process_set.process_set_id)
+            self._lane = GradientLane(self._buckets, [self._bucket_name(b) for b in self._buckets], groups,
+                                      settings, runtime.generation, lambda: runtime.engine.timeline)
+            self._lane_voting = False
+
+    def _bucket_name(self, bucket: Bucket) -> str:
+        return f"bucket.{bucket.index}.{self._parameter_names[bucket.params[0]]}"
 
     @contextmanager
     def skip_synchronize(self):
@@ -321,6 +403,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._bucket_handles.clear()
         for bucket in self._buckets:
             bucket.ready.clear()
+        if self._lane is not None:
+            self._lane.abandon()
         self._allreduce_delay = {p: self.backward_passes_per_step for p in self._params}
         self._synchronized = False
         self._should_synchronize = True

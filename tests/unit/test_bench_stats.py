@@ -126,12 +126,13 @@ def test_collectives_table():
 def test_train_and_scaling_tables():
     train = {"meta": {"world_size": 2}, "frameworks": {
         "torchring": {"summary": Summary.of([90.0, 110.0]).to_dict(), "ratio_to_ddp": 0.5,
-                      "ratio_to_ddp_per_round": Summary.of([0.45, 0.55]).to_dict(), "engine_cpu_ms_per_step": 0.25},
+                      "ratio_to_ddp_per_round": Summary.of([0.45, 0.55]).to_dict(), "engine_cpu_ms_per_step": 0.25,
+                      "lane_cpu_ms_per_step": 0.125, "lane_copies_ms_per_step": 0.5},
         "ddp": {"summary": Summary.of([200.0, 200.0]).to_dict(), "ratio_to_ddp": 1.0,
                 "ratio_to_ddp_per_round": Summary.of([1.0, 1.0]).to_dict()}}}
     rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in report.train_table(train).splitlines()[2:]]
-    assert rows[0][:5] == ["torchring", "100.0", "127.1", "50.0", "0.50"] and rows[0][6] == "0.250"
-    assert rows[1] == ["ddp", "200.0", "0.0", "100.0", "1.00", "", ""]
+    assert rows[0][:5] == ["torchring", "100.0", "127.1", "50.0", "0.50"] and rows[0][6:] == ["0.250", "0.125", "0.500"]
+    assert rows[1] == ["ddp", "200.0", "0.0", "100.0", "1.00", "", "", "", ""]
     scaling = {"runs": [{"world_size": 1, "summary": Summary.of([100.0]).to_dict(), "efficiency": 1.0},
                         {"world_size": 2, "summary": Summary.of([150.0]).to_dict(), "efficiency": 0.75}]}
     rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in report.scaling_table(scaling).splitlines()[2:]]

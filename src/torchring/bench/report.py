@@ -77,23 +77,27 @@ COLLECTIVES_LEGEND = ("ms: median latency; ratio: torchring ms / raw ms; algbw, 
 def train_table(result: Mapping[str, Any]) -> str:
     """One row per framework: mean img/s ± its 95% interval, per rank, and the ratio to DDP (ratio of the
     means, ± the 95% interval of the per-round ratios)."""
-    headers = ["framework", "img/s", "± 95%", "img/s per rank", "vs ddp", "± 95%", "engine ms/step"]
+    headers = ["framework", "img/s", "± 95%", "img/s per rank", "vs ddp", "± 95%", "engine ms/step", "lane ms/step",
+               "lane copies ms/step"]
     world_size = result.get("meta", {}).get("world_size", 1)
     rows = []
     for name, entry in result["frameworks"].items():
         summary = entry["summary"]
         per_round = entry.get("ratio_to_ddp_per_round") or {}
-        engine = entry.get("engine_cpu_ms_per_step")
+        cpu = [entry.get(key) for key in ("engine_cpu_ms_per_step", "lane_cpu_ms_per_step",
+                                          "lane_copies_ms_per_step")]
         rows.append([name, _number(summary["mean"], 1), _number(summary["ci95"], 1),
                      _number(summary["mean"] / world_size, 1), _number(entry.get("ratio_to_ddp")),
                      _number(per_round.get("ci95")) if name != "ddp" and per_round else "",
-                     _number(engine, 3) if engine is not None else ""])
-    return markdown_table(headers, rows, [False, True, True, True, True, True, True])
+                     *(_number(ms, 3) if ms is not None else "" for ms in cpu)])
+    return markdown_table(headers, rows, [False, True, True, True, True, True, True, True, True])
 
 
 TRAIN_LEGEND = ("engine ms/step: CPU time of torchring's engine thread per training step (negotiation, fusion "
-                "planning, launching, bookkeeping; not the averaging and copies done on the data path), the most "
-                "of any rank")
+                "planning, launching, bookkeeping; not the averaging and copies done on the data path); lane ms/step: "
+                "CPU time of DistributedOptimizer's bucket lane per step (bookkeeping and launching, once the ranks "
+                "have agreed on the buckets); lane copies: its packing, unpacking and scaling of gradients (the "
+                "copies DDP's reducer makes too); each the most of any rank")
 
 
 def scaling_table(result: Mapping[str, Any]) -> str:

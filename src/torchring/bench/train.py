@@ -22,6 +22,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import torchring
+from torchring.gradient_lane import lane_cpu_seconds
 from torchring.runtime import context
 
 from .models import NUM_CLASSES, build_model, input_shape
@@ -139,15 +140,16 @@ def run_train(options: TrainOptions, log: Callable[[str], None]) -> dict[str, An
     images = options.batch_size * world_size * options.batches_per_round
     rates: dict[str, list[float]] = {name: [] for name in names}
     engine = context.current().engine
-    engine_cpu = torch.zeros(1, dtype=torch.float64)  # torchring's engine CPU seconds in its timed batches
+    # torchring's CPU seconds in its rounds: engine thread, bucket lane bookkeeping, bucket lane copies
+    engine_cpu = torch.zeros(3, dtype=torch.float64)
     for round_index in range(options.rounds):
         shift = round_index % len(names)
         seconds = torch.zeros(len(names), dtype=torch.float64)
         for name in names[shift:] + names[:shift]:
-            before = engine.cpu_seconds()
+            before = torch.tensor([engine.cpu_seconds(), *lane_cpu_seconds()], dtype=torch.float64)
             seconds[names.index(name)] = _timed_round(steps[name], options)
             if name == "torchring":
-                engine_cpu += engine.cpu_seconds() - before
+                engine_cpu += torch.tensor([engine.cpu_seconds(), *lane_cpu_seconds()], dtype=torch.float64) - before
         dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
         for index, name in enumerate(names):
             rates[name].append(images / seconds[index].item())
@@ -159,7 +161,9 @@ def run_train(options: TrainOptions, log: Callable[[str], None]) -> dict[str, An
     for name in names:
         entry: dict[str, Any] = {"img_per_sec": rates[name], "summary": Summary.of(rates[name]).to_dict()}
         if name == "torchring":
-            entry["engine_cpu_ms_per_step"] = engine_cpu.item() * 1000.0 / steps_timed
+            entry["engine_cpu_ms_per_step"] = engine_cpu[0].item() * 1000.0 / steps_timed
+            entry["lane_cpu_ms_per_step"] = engine_cpu[1].item() * 1000.0 / steps_timed
+            entry["lane_copies_ms_per_step"] = engine_cpu[2].item() * 1000.0 / steps_timed
         if "ddp" in rates:
             per_round = [mine / theirs for mine, theirs in zip(rates[name], rates["ddp"], strict=True)]
             entry["ratio_to_ddp"] = entry["summary"]["mean"] / Summary.of(rates["ddp"]).mean

@@ -8,7 +8,7 @@ import math
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
@@ -41,6 +41,9 @@ class Runtime:
     engine: Engine
     generation: int
     dynamic_process_sets: bool
+    #: Groups opened for ``DistributedOptimizer`` lanes, released at shutdown; lanes opened per process set.
+    lane_groups: list[DataGroups] = field(default_factory=list)
+    lanes_opened: dict[int, int] = field(default_factory=dict)
 
 
 _lock = threading.RLock()
@@ -274,6 +277,30 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
         return process_set_ids
 
 
+def open_lane_groups(process_set: int) -> DataGroups:
+    """New Gloo (and NCCL) groups over the members of ``process_set`` for a gradient lane.
+
+    Collective: every member calls it at the same point, in the same order (the lane vote ensures it)."""
+    runtime = current()
+    table = runtime.process_sets
+    members = table.members(process_set)
+    if members is None:
+        raise ValueError(f"process set {process_set} is not registered")
+    with _lock:
+        serial = runtime.lanes_opened.get(process_set, 0)
+        runtime.lanes_opened[process_set] = serial + 1
+    base = f"torchring/{runtime.generation}/lane{process_set}.{serial}"
+    set_rank, size = table.set_rank(process_set), len(members)
+    groups = DataGroups(
+        cpu=dist.ProcessGroupGloo(dist.PrefixStore(f"{base}/gloo", runtime.store), set_rank, size,
+                                  collective_timeout()),
+        cuda=_cuda_group(dist.PrefixStore(f"{base}/nccl", runtime.store), set_rank, size),
+    )
+    with _lock:
+        runtime.lane_groups.append(groups)
+    return groups
+
+
 def shutdown() -> None:
     """Stop the engine on every rank and release the process groups. Safe to call more than once."""
     global _runtime
@@ -282,7 +309,7 @@ def shutdown() -> None:
     if runtime is None:
         return
     runtime.engine.shutdown(timeout=collective_timeout().total_seconds() + 5)
-    for groups in runtime.process_sets.all_groups():
+    for groups in [*runtime.lane_groups, *runtime.process_sets.all_groups()]:
         groups.shutdown()
     DataGroups(runtime.control_group).shutdown()
 

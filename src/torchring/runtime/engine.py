@@ -137,6 +137,11 @@ class Engine:
     def start(self) -> None:
         self._thread.start()
 
+    @property
+    def settings(self) -> EngineSettings:
+        """The settings every rank's engine agreed on."""
+        return self._settings
+
     def cpu_seconds(self) -> float:
         """CPU time the engine thread has used so far: negotiation, fusion planning, launching and
         bookkeeping (not waiting; the completion thread's averaging and copies are data work)."""

@@ -1,0 +1,154 @@
+"""DistributedOptimizer's bucket lane: after a negotiated first step the ranks reduce their buckets on
+a group of their own; results must be exactly those of the negotiated path, join() must keep working."""
+
+import os
+
+import pytest
+import torch
+from torch import nn
+
+import torchring as hvd
+
+
+def make_model(seed: int = 7) -> nn.Module:
+    torch.manual_seed(seed)
+    # several small tensors (a shared bucket) and one of 1 MB or more (a bucket of its own)
+    return nn.Sequential(nn.Linear(16, 512), nn.ReLU(), nn.Linear(512, 600), nn.ReLU(), nn.Linear(600, 3))
+
+
+def batch(rank: int, step: int):
+    generator = torch.Generator().manual_seed(rank * 1000 + step)
+    return torch.randn(4, 16, generator=generator), torch.randint(0, 3, (4,), generator=generator)
+
+
+def local_gradients(model: nn.Module, rank: int, step: int) -> list[torch.Tensor]:
+    model.zero_grad()
+    data, target = batch(rank, step)
+    nn.functional.cross_entropy(model(data), target).backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def expected_gradients(rank: int, step: int, size: int, scale: float) -> list[torch.Tensor]:
+    """Every rank's gradients of the same model at ``step``, summed, times ``scale``."""
+    reference = make_model()
+    per_rank = [local_gradients(reference, r, step) for r in range(size)]
+    return [sum(grads[i] for grads in per_rank) * scale for i in range(len(per_rank[0]))]
+
+
+def run_steps(optimizer, model, rank, steps, size, scale):
+    """Reduce ``steps`` steps of gradients of a model that does not move (lr 0), checking each."""
+    for step in range(steps):
+        optimizer.zero_grad()
+        data, target = batch(rank, step)
+        nn.functional.cross_entropy(model(data), target).backward()
+        optimizer.synchronize()
+        for got, want in zip((p.grad for p in model.parameters()), expected_gradients(rank, step, size, scale),
+                             strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        with optimizer.skip_synchronize():
+            optimizer.step()
+
+
+@pytest.mark.parametrize("op, scale_of_size", [(hvd.Average, lambda n: 1.0 / n), (hvd.Sum, lambda n: 1.0)])
+def test_lane_opens_after_first_step_and_matches_negotiated_results(rank, size, op, scale_of_size):
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                         named_parameters=model.named_parameters(), op=op)
+    run_steps(optimizer, model, rank, 1, size, scale_of_size(size))
+    assert optimizer._lane is not None
+    run_steps(optimizer, model, rank, 4, size, scale_of_size(size))
+
+
+def test_lane_with_predivide_factor_and_fp16_compression(rank, size):
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                         named_parameters=model.named_parameters(), gradient_predivide_factor=2.0,
+                                         compression=hvd.Compression.fp16)
+    for step in range(4):
+        optimizer.zero_grad()
+        data, target = batch(rank, step)
+        nn.functional.cross_entropy(model(data), target).backward()
+        optimizer.step()
+        for got, want in zip((p.grad for p in model.parameters()), expected_gradients(rank, step, size, 1.0 / size),
+                             strict=True):
+            torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-3)
+    assert optimizer._lane is not None
+
+
+def test_training_on_the_lane_keeps_ranks_identical(rank):
+    model = make_model(rank)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                         named_parameters=model.named_parameters())
+    for step in range(6):
+        optimizer.zero_grad()
+        data, target = batch(rank, step)
+        nn.functional.cross_entropy(model(data), target).backward()
+        optimizer.step()
+    assert optimizer._lane is not None
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    everyone = hvd.allgather(flat.unsqueeze(0))
+    for row in everyone[1:]:
+        assert torch.equal(row, everyone[0])
+
+
+def test_gradient_missing_on_one_rank_counts_as_zeros_on_the_lane(rank, size):
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                         named_parameters=model.named_parameters(), op=hvd.Sum)
+    run_steps(optimizer, model, rank, 1, size, 1.0)
+    assert optimizer._lane is not None
+    optimizer.zero_grad()
+    if rank == 0:  # the other ranks compute no gradient at all this step
+        data, target = batch(rank, 50)
+        nn.functional.cross_entropy(model(data), target).backward()
+    optimizer.synchronize()
+    for got, want in zip((p.grad for p in model.parameters()), local_gradients(make_model(), 0, 50), strict=True):
+        torch.testing.assert_close(got, want)
+    with optimizer.skip_synchronize():
+        optimizer.step()
+
+
+def test_join_while_other_ranks_train_on_the_lane(rank, size):
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                         named_parameters=model.named_parameters(), op=hvd.Sum)
+    run_steps(optimizer, model, rank, 2, size, 1.0)
+    assert optimizer._lane is not None
+    # rank r trains r more steps, then joins: the others see its contribution as zeros
+    for step in range(rank):
+        optimizer.zero_grad()
+        data, target = batch(rank, 100 + step)
+        nn.functional.cross_entropy(model(data), target).backward()
+        optimizer.synchronize()
+        reference = make_model()
+        still_training = [r for r in range(size) if r > step]
+        want = [sum(grads) for grads in zip(*(local_gradients(reference, r, 100 + step) for r in still_training),
+                                             strict=True)]
+        for got, expected in zip((p.grad for p in model.parameters()), want, strict=True):
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+        with optimizer.skip_synchronize():
+            optimizer.step()
+    assert hvd.join() == size - 1
+    # the lane still works for everyone afterwards
+    run_steps(optimizer, model, rank, 2, size, 1.0)
+
+
+def test_a_rank_that_cannot_use_a_lane_keeps_everyone_negotiating(rank, size, monkeypatch):
+    if rank == size - 1:
+        monkeypatch.setenv("TORCHRING_GRADIENT_LANE", "0")
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                         named_parameters=model.named_parameters())
+    run_steps(optimizer, model, rank, 3, size, 1.0 / size)
+    assert optimizer._lane is None
+    assert os.environ.get("TORCHRING_GRADIENT_LANE") == ("0" if rank == size - 1 else None)
+
+
+def test_groups_stay_on_the_engine(rank, size):
+    model = make_model()
+    params = list(model.parameters())
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.0),
+                                         named_parameters=model.named_parameters(), groups=[params[:2]])
+    run_steps(optimizer, model, rank, 2, size, 1.0 / size)
+    assert optimizer._lane is None

@@ -84,6 +84,10 @@ def _backend_activity(response: Response) -> str:
     return f"{backend}_{response.op_type.value.upper()}"
 
 
+#: A burst of submissions counts as over once no request came for this long.
+BURST_SETTLE_S = 0.0002
+
+
 class Engine:
     """Runs collectives for one rank in a background thread."""
 
@@ -276,6 +280,8 @@ class Engine:
             self._wants_notify = not self._pacing
             while not self._shutdown_requested and self._failure is None:
                 if self._queue and not self._pacing:
+                    self._wants_notify = False
+                    self._let_burst_settle()
                     break
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -297,12 +303,27 @@ class Engine:
                 self._inspect_stalls()
             self._wants_notify = False
             woken_remotely = self._woken_epoch >= epoch
+        if not woken_remotely:
+            self._waker.wake(epoch)  # the peers first: their engines start while this rank's burst settles
+        with self._cond:
+            if self._queue:
+                self._let_burst_settle()
             drained = self._drain()
         self._pacing = False
         self._cycle_started = time.monotonic()
-        if not woken_remotely:
-            self._waker.wake(epoch)
         return drained
+
+    def _let_burst_settle(self) -> None:
+        """With the lock held and a request queued after a quiet spell: while the user keeps submitting
+        (the queue grew within the last ``BURST_SETTLE_S``), wait a little longer, at most one cycle
+        time, so that one negotiation and one fused buffer carry the whole burst."""
+        deadline = time.monotonic() + self._settings.cycle_time_s
+        seen = len(self._queue)
+        while not self._shutdown_requested and time.monotonic() < deadline:
+            self._cond.wait(BURST_SETTLE_S)
+            if len(self._queue) == seen:
+                return
+            seen = len(self._queue)
 
     def _on_remote_wake(self, epoch: int) -> None:
         with self._cond:

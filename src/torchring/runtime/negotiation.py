@@ -10,7 +10,6 @@ A request of process set S is ready once every member of S has submitted it, or 
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -45,19 +44,19 @@ class Response:
     error_kind: str = "mismatch"
     #: For a finished join: the last rank to join.
     last_joined: int = -1
+    #: The metadata of the lowest submitting rank (the shape joined ranks take part with).
+    template: RequestMeta = field(init=False)
+    op_type: OpType = field(init=False)
 
-    @functools.cached_property
-    def op_type(self) -> OpType:
-        return self.template.op_type
+    def __post_init__(self) -> None:
+        # set once here: the engine reads them several times per request
+        template = self.metas[min(self.metas)]
+        object.__setattr__(self, "template", template)
+        object.__setattr__(self, "op_type", template.op_type)
 
     @property
     def key(self) -> RequestKey:
         return (self.process_set, self.name)
-
-    @functools.cached_property
-    def template(self) -> RequestMeta:
-        """The metadata of the lowest submitting rank (the shape joined ranks take part with)."""
-        return self.metas[min(self.metas)]
 
 
 def _describe_by_rank(values: Sequence[tuple[int, object]]) -> str:
@@ -191,6 +190,8 @@ class Negotiator:
         if members is None:
             return Response(name, process_set, (), dict(entry.metas),
                             f"Process set {process_set} of tensor '{name}' does not exist (removed?).", "invalid")
+        if not self.joined and len(entry.metas) < len(members):
+            return None  # the common case while ranks are still submitting
         submitted = set(entry.metas)
         first = entry.metas[min(submitted)]
         if first.op_type is OpType.JOIN:

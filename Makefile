@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-torch-$(TORCH_VERSION)
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test gpu-check lint clean
+.PHONY: venv demo test multihost-deps gpu-check lint clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,8 +19,18 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/torchring run -np 2 $(BIN)/python examples/mnist.py
 
-test: $(STAMP)
+test: $(STAMP) multihost-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The multi-host tests run a cluster of network namespaces with one sshd each: as root, install
+# openssh-server when it is missing (elsewhere those tests skip and say why).
+multihost-deps:
+	@if [ "$$(id -u)" = 0 ] && [ ! -x /usr/sbin/sshd ] && command -v apt-get >/dev/null; then \
+		echo "installing openssh-server for the multi-host tests"; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null \
+		|| (apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null) \
+		|| echo "could not install openssh-server: the multi-host tests will skip"; \
+	fi
 
 # On a machine with CUDA (and a CUDA build of torch): the GPU tests, then the GPU benchmark.
 gpu-check: $(STAMP)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from .bench.cli import BenchJobError, BenchUsageError, add_bench_arguments, run_bench
 from .launch.hosts import HostSpecError
-from .launch.run import add_run_arguments, config_from_args, run_job
+from .launch.run import PreflightError, add_run_arguments, config_from_args, run_job
 from .version import __version__
 
 
@@ -53,6 +53,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (HostSpecError, ValueError) as error:
         print(f"torchring run: error: {error}", file=sys.stderr)
         return 2
+    except PreflightError as error:
+        print(f"torchring run: {error}", file=sys.stderr)
+        return 1
     except OSError as error:
         print(f"torchring run: error: {error}", file=sys.stderr)
         return 1

@@ -13,12 +13,14 @@ class OutputRelay:
     """Copies one worker stream to the console line by line; keeps its last lines for error reports."""
 
     def __init__(self, rank: int, stream_name: str, source: BinaryIO, sink: BinaryIO, keep_lines: int = 20,
-                 show: bool = True) -> None:
+                 show: bool = True, file: BinaryIO | None = None) -> None:
         self.rank = rank
         self._prefix = f"[{rank}]<{stream_name}>:".encode()
         self._source = source
         self._sink = sink
         self._show = show
+        #: Also every line, unprefixed, to this file (``--output-filename``), whatever ``show`` says.
+        self._file = file
         self.tail: collections.deque[str] = collections.deque(maxlen=keep_lines)
         self._thread = threading.Thread(target=self._pump, name=f"relay-{rank}-{stream_name}", daemon=True)
 
@@ -33,8 +35,13 @@ class OutputRelay:
             if not line.endswith(b"\n"):
                 line += b"\n"
             self.tail.append(line.decode(errors="replace").rstrip("\n"))
+            if self._file is not None:
+                self._file.write(line)
+                self._file.flush()
             if self._show:
                 with _console_lock:
                     self._sink.write(self._prefix + line)
                     self._sink.flush()
         self._source.close()
+        if self._file is not None:
+            self._file.close()

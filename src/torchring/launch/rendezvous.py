@@ -22,9 +22,15 @@ class RendezvousServer:
         self.host = host
         self.port = self.store.port
 
+    def close(self) -> None:
+        """Stop serving (the store's server ends with its last reference)."""
+        self.store = None
+
     def peer_failure(self, rank: int) -> str | None:
         """What rank ``rank`` recorded when its operations failed because of another rank, if anything."""
         key = peer_failure_key(rank)
+        if self.store is None:
+            return None
         try:
             if self.store.check([key]):
                 return self.store.get(key).decode(errors="replace")

@@ -1,28 +1,45 @@
-"""``torchring run``: start a job's ranks on this host and supervise them to the end.
+"""``torchring run``: start a job's ranks on this host and on remote hosts over SSH, and supervise them
+to the end.
 
 Each rank gets the torchring/Horovod variables (``TORCHRING_RANK``, ``HOROVOD_RANK``, ...) and
 torchrun's (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), so a Horovod
 style script and a plain ``torch.distributed``/DDP script both run unchanged. The launcher serves the
 rendezvous store on a free port; output lines are prefixed with the rank; the first rank to fail
-ends the job, and every rank's process group is terminated.
+ends the job, and every rank's process group is terminated, on every host.
+
+With remote hosts, preflight runs first, on all of them in parallel: SSH, versions, and whether each
+host reaches the store. No rank starts unless every check passes.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import platform
 import signal
+import subprocess
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
 
+import torch
+
+from .. import __version__
 from ..compat import SHIM_PATH
-from .hosts import HostSlots, HostSpecError, assign_ranks, is_local_host, parse_hostfile, parse_hosts
+from .hosts import HostSlots, SlotAssignment, assign_ranks, is_local_host, parse_hostfile, parse_hosts
 from .local import spawn_local
+from .network import address_of, interface_of
 from .output import OutputRelay
 from .rendezvous import RendezvousServer
+from .ssh import HostReport, SshOptions, preflight_problems, probe_hosts, send_spec, spawn_remote
 from .supervisor import Supervisor, Worker, report_failure
 from .tuning import add_tuning_arguments, tuning_environment
-from .worker_env import worker_environment
+from .worker_env import forwarded_environment, worker_environment
+
+
+class PreflightError(RuntimeError):
+    """Preflight found reasons the job would fail; nothing was started."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +55,12 @@ class RunConfig:
     horovod_compat: bool = False
     #: Variables every rank gets from the tuning flags.
     tuning: dict[str, str] = field(default_factory=dict)
+    ssh: SshOptions = field(default_factory=SshOptions)
+    network_interfaces: tuple[str, ...] = ()
+    output_dir: str | None = None
+    #: ``-x NAME``: variables passed on to remote ranks; ``--env NAME=VALUE``: set for every rank.
+    forward_names: tuple[str, ...] = ()
+    extra_env: dict[str, str] = field(default_factory=dict)
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,6 +77,19 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verbose", action="store_true", help="describe the launch")
     parser.add_argument("--horovod-compat", action="store_true",
                         help="let unchanged scripts 'import horovod.torch as hvd' and get torchring")
+    remote = parser.add_argument_group("remote hosts")
+    remote.add_argument("-p", "--ssh-port", type=int, help="SSH port of the remote hosts")
+    remote.add_argument("-i", "--ssh-identity-file", help="SSH private key for the remote hosts")
+    remote.add_argument("--start-timeout", type=float, default=30.0,
+                        help="seconds preflight may take on each host (default 30)")
+    remote.add_argument("--network-interface", action="append", default=[],
+                        help="interface the hosts talk over (repeatable); default: the one SSH uses")
+    remote.add_argument("--python", help="Python interpreter on the remote hosts (default: this one's path)")
+    remote.add_argument("-x", dest="forward", action="append", default=[], metavar="NAME",
+                        help="also pass this environment variable on to remote ranks (repeatable)")
+    remote.add_argument("--env", dest="extra_env", action="append", default=[], metavar="NAME=VALUE",
+                        help="set this variable for every rank (repeatable)")
+    parser.add_argument("--output-filename", help="also write each rank's output to DIR/rank.N/stdout and stderr")
     add_tuning_arguments(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
 
@@ -79,36 +115,97 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
             raise ValueError(f"--ranks {args.ranks!r}: expected rank numbers separated by commas") from None
     if not 0 <= args.port < 65536:
         raise ValueError(f"--port {args.port} is not a valid port")
+    extra_env = {}
+    for pair in args.extra_env:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise ValueError(f"--env {pair!r}: expected NAME=VALUE")
+        extra_env[name] = value
+    if args.start_timeout <= 0:
+        raise ValueError(f"--start-timeout {args.start_timeout}: must be positive")
+    ssh = SshOptions(port=args.ssh_port, identity_file=args.ssh_identity_file, connect_timeout_s=args.start_timeout,
+                     python=args.python or sys.executable)
     return RunConfig(args.num_proc, hosts, command, args.port, ranks_to_show, args.verbose, args.horovod_compat,
-                     tuning_environment(args))
+                     tuning_environment(args), ssh, tuple(args.network_interface), args.output_filename,
+                     tuple(args.forward), extra_env)
+
+
+def _output_files(output_dir: str | None, rank: int) -> tuple[BinaryIO | None, BinaryIO | None]:
+    if output_dir is None:
+        return None, None
+    directory = Path(output_dir) / f"rank.{rank}"
+    directory.mkdir(parents=True, exist_ok=True)
+    return (directory / "stdout").open("wb"), (directory / "stderr").open("wb")
+
+
+def _local_versions() -> tuple[str, str, str]:
+    return platform.python_version(), torch.__version__, __version__
+
+
+def _preflight(config: RunConfig, remote_hosts: list[str], store_port: int) -> dict[str, HostReport]:
+    """Check every remote host; ``PreflightError`` listing every problem."""
+    store_address = address_of(config.network_interfaces[0]) if config.network_interfaces else ""
+    if config.verbose:
+        print(f"torchring run: preflight on {', '.join(remote_hosts)} (timeout {config.ssh.connect_timeout_s:g} s)",
+              file=sys.stderr)
+    reports = probe_hosts(remote_hosts, store_port, store_address, config.ssh)
+    problems = preflight_problems(reports, _local_versions())
+    if problems:
+        raise PreflightError("preflight failed, no rank was started:\n" + "\n".join(f"- {p}" for p in problems))
+    return reports
+
+
+def _rank_environment(config: RunConfig, slot: SlotAssignment, store: tuple[str, int],
+                      report: HostReport | None, gloo_interface: str | None) -> dict[str, str]:
+    base = {**os.environ, **config.tuning} if report is None else forwarded_environment(
+        {**os.environ, **config.tuning}, list(config.forward_names), {})
+    base.update(config.extra_env)
+    if config.network_interfaces:
+        interfaces = ",".join(config.network_interfaces)
+        base.setdefault("GLOO_SOCKET_IFNAME", interfaces)
+        base.setdefault("NCCL_SOCKET_IFNAME", interfaces)
+    elif gloo_interface:
+        base.setdefault("GLOO_SOCKET_IFNAME", gloo_interface)
+    return worker_environment(base, slot, store[0], store[1], cpus=report.cpus if report else None)
 
 
 def run_job(config: RunConfig) -> int:
     """Start every rank, relay output, and return the job's exit code."""
     assignments = assign_ranks(config.hosts, config.num_proc)
-    remote = sorted({slot.hostname for slot in assignments if not is_local_host(slot.hostname)})
-    if remote:
-        raise HostSpecError(f"host(s) {', '.join(remote)} are not this machine; this version of torchring "
-                            "starts ranks on the local host only")
+    remote_hosts = list(dict.fromkeys(slot.hostname for slot in assignments if not is_local_host(slot.hostname)))
     server = RendezvousServer("127.0.0.1", config.port)
+    reports: dict[str, HostReport] = {}
+    local_interface = None
+    if remote_hosts:
+        try:
+            reports = _preflight(config, remote_hosts, server.port)
+        except BaseException:
+            server.close()
+            raise
+        # local ranks talk to remote ones over the interface the remote hosts reach this one at
+        seen_as = next(iter(reports.values())).launcher_address
+        local_interface = interface_of(seen_as) if seen_as else None
     if config.verbose:
-        print(f"torchring run: {config.num_proc} ranks on this host, rendezvous at 127.0.0.1:{server.port}",
-              file=sys.stderr)
+        where = f"on {len({s.hostname for s in assignments})} host(s)" if remote_hosts else "on this host"
+        print(f"torchring run: {config.num_proc} ranks {where}, rendezvous port {server.port}", file=sys.stderr)
     supervisor = Supervisor(peer_failure=server.peer_failure)
     previous = {sig: signal.signal(sig, lambda signum, _frame: supervisor.request_stop(signum))
                 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         for slot in assignments:
-            env = worker_environment({**os.environ, **config.tuning}, slot, "127.0.0.1", server.port)
-            if config.horovod_compat:
-                env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SHIM_PATH), env.get("PYTHONPATH")) if p)
-            process = spawn_local(config.command, env)
-            show = config.ranks_to_show is None or slot.rank in config.ranks_to_show
-            relays = (
-                OutputRelay(slot.rank, "stdout", process.stdout, sys.stdout.buffer, show=show),
-                OutputRelay(slot.rank, "stderr", process.stderr, sys.stderr.buffer, show=show),
-            )
-            supervisor.add(Worker(slot.rank, slot.hostname, process, relays))
+            report = reports.get(slot.hostname)
+            if report is None:
+                env = _rank_environment(config, slot, ("127.0.0.1", server.port), None, local_interface)
+                if config.horovod_compat:
+                    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SHIM_PATH), env.get("PYTHONPATH")) if p)
+                process = spawn_local(config.command, env)
+            else:
+                assert report.launcher_address is not None
+                env = _rank_environment(config, slot, (report.launcher_address, server.port), report,
+                                        report.interface)
+                process = spawn_remote(slot.hostname, config.ssh.python, config.ssh)
+                send_spec(process, config.command, env, os.getcwd(), config.horovod_compat)
+            supervisor.add(_worker(config, slot, process, remote=report is not None))
         for worker in supervisor.workers:
             for relay in worker.relays:
                 relay.start()
@@ -119,7 +216,19 @@ def run_job(config: RunConfig) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        server.close()
     if failure is None:
         return 0
     report_failure(failure, supervisor.workers)
     return failure.exit_code
+
+
+def _worker(config: RunConfig, slot: SlotAssignment, process: subprocess.Popen, remote: bool) -> Worker:
+    show = config.ranks_to_show is None or slot.rank in config.ranks_to_show
+    stdout_file, stderr_file = _output_files(config.output_dir, slot.rank)
+    assert process.stdout is not None and process.stderr is not None
+    relays = (
+        OutputRelay(slot.rank, "stdout", process.stdout, sys.stdout.buffer, show=show, file=stdout_file),
+        OutputRelay(slot.rank, "stderr", process.stderr, sys.stderr.buffer, show=show, file=stderr_file),
+    )
+    return Worker(slot.rank, slot.hostname, process, relays, remote=remote)

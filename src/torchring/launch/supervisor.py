@@ -22,6 +22,8 @@ class Worker:
     hostname: str
     process: subprocess.Popen
     relays: tuple[OutputRelay, OutputRelay]
+    #: Started over SSH: ``process`` is the ssh client, its exit code the remote supervisor's.
+    remote: bool = False
 
     @property
     def stderr_tail(self) -> list[str]:
@@ -45,8 +47,17 @@ class Failure:
         return self.returncode if self.returncode > 0 else 128 + (-self.returncode or 1)
 
 
-def describe_returncode(returncode: int) -> str:
-    """``exited with code 3`` or ``was killed by signal 9 (SIGKILL)``."""
+#: What ssh returns when the connection failed or dropped.
+SSH_CONNECTION_FAILED = 255
+
+
+def describe_returncode(returncode: int, remote: bool = False) -> str:
+    """``exited with code 3`` or ``was killed by signal 9 (SIGKILL)``; for a remote rank, 128 + N is
+    signal N (the remote supervisor's convention) and 255 a lost SSH connection."""
+    if remote and returncode == SSH_CONNECTION_FAILED:
+        return "lost its SSH connection (ssh exited with 255)"
+    if remote and 128 < returncode < 128 + 65:
+        returncode = -(returncode - 128)
     if returncode >= 0:
         return f"exited with code {returncode}"
     try:
@@ -118,9 +129,10 @@ class Supervisor:
         causes = {w.rank: self.peer_failure(w.rank) for w in failed}
         root = next((w for w in failed if not causes[w.rank]), failed[0])
         code = root.process.returncode
-        consequences = [(w.rank, describe_returncode(w.process.returncode), causes[w.rank] or "")
+        consequences = [(w.rank, describe_returncode(w.process.returncode, w.remote), causes[w.rank] or "")
                         for w in failed if w is not root]
-        return Failure(root.rank, root.hostname, root.process.pid, code, describe_returncode(code), consequences)
+        return Failure(root.rank, root.hostname, None if root.remote else root.process.pid, code,
+                       describe_returncode(code, root.remote), consequences)
 
     def terminate_all(self) -> None:
         """SIGTERM every worker's process group, SIGKILL what is left after the grace period."""
@@ -147,8 +159,8 @@ def report_failure(failure: Failure, workers: Sequence[Worker], stream=None) -> 
         print(f"torchring run: {failure.reason}; stopped all {len(workers)} ranks.", file=stream)
         return
     stopped = f"; stopped the other {others} rank{'s' if others != 1 else ''}" if others else ""
-    print(f"torchring run: rank {failure.rank} (pid {failure.pid} on {failure.hostname}) {failure.reason}{stopped}.",
-          file=stream)
+    where = f"pid {failure.pid} on {failure.hostname}" if failure.pid is not None else f"on {failure.hostname}"
+    print(f"torchring run: rank {failure.rank} ({where}) {failure.reason}{stopped}.", file=stream)
     for rank, ended, cause in failure.consequences:
         print(f"  rank {rank} {ended} as a consequence ({cause or 'no reason recorded'})", file=stream)
     worker = next(w for w in workers if w.rank == failure.rank)

@@ -46,3 +46,17 @@ def worker_environment(base: Mapping[str, str], slot: SlotAssignment, store_host
         available = cpus or os.cpu_count() or 1
         env["OMP_NUM_THREADS"] = str(max(1, available // max(1, slot.local_size)))
     return env
+
+
+#: Variables a remote rank inherits from the launcher's environment, by name or by prefix.
+FORWARDED_NAMES = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "OMP_NUM_THREADS", "PYTHONUNBUFFERED")
+FORWARDED_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "HOROVOD_", "TORCHRING_")
+
+
+def forwarded_environment(environ: Mapping[str, str], extra_names: list[str],
+                          extra_values: dict[str, str]) -> dict[str, str]:
+    """What a remote rank gets from here: the usual variables, ``-x NAME`` ones and ``--env NAME=VALUE``."""
+    env = {name: value for name, value in environ.items()
+           if name in FORWARDED_NAMES or name.startswith(FORWARDED_PREFIXES) or name in extra_names}
+    env.update(extra_values)
+    return env

@@ -65,6 +65,7 @@ from .grouped import (
     grouped_reducescatter,
     grouped_reducescatter_async,
 )
+from .launch.function import run
 from .optimizer import DistributedOptimizer
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .reduction import Adasum, Average, Max, Min, Product, ReduceOp, Sum
@@ -138,6 +139,7 @@ __all__ = [
     "reducescatter_async",
     "remove_process_set",
     "rocm_built",
+    "run",
     "shutdown",
     "size",
     "sparse_allreduce_async",

@@ -7,6 +7,8 @@ import sys
 from collections.abc import Sequence
 
 from .bench.cli import BenchJobError, BenchUsageError, add_bench_arguments, run_bench
+from .launch.check_build import check_build_report
+from .launch.config_file import ConfigFileError, apply_config_file
 from .launch.hosts import HostSpecError
 from .launch.run import PreflightError, add_run_arguments, config_from_args, run_job
 from .version import __version__
@@ -19,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="start a training job's ranks",
                               description="Start NP ranks of COMMAND and supervise them.")
     add_run_arguments(run)
+    parser.set_defaults(run_parser=run)
     bench = commands.add_parser("bench", help="benchmark collectives and training (starts its own ranks)",
                                 description="Benchmark torchring against raw torch.distributed, DDP and Horovod.")
     add_bench_arguments(bench)
@@ -42,12 +45,22 @@ def _bench(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``torchring`` console script."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["run"]:
+        try:
+            apply_config_file(parser.get_default("run_parser"), arguments[1:])
+        except ConfigFileError as error:
+            print(f"torchring run: error: {error}", file=sys.stderr)
+            return 2
+    args = parser.parse_args(arguments)
     if args.subcommand is None:
         parser.print_help()
         return 2
     if args.subcommand == "bench":
         return _bench(args, argv)
+    if args.check_build:
+        print(check_build_report())
+        return 0
     try:
         return run_job(config_from_args(args))
     except (HostSpecError, ValueError) as error:

@@ -161,3 +161,24 @@ def test_mnist_example_across_hosts_matches_a_local_run(cluster):
     assert abs(_accuracy(remote.stdout) - _accuracy(local.stdout)) < 0.02
     assert _accuracy(remote.stdout) > 0.2  # learning (chance is 0.1); 2 short epochs at 4 ranks
     assert_hosts_empty(cluster)
+
+
+def test_run_function_across_hosts(cluster):
+    script = ROOT / "tests" / "integration" / "scripts" / "run_function.py"
+    result = subprocess.run([sys.executable, str(script), "h1:2,h2:1"], cwd=ROOT, env=cluster.env(dict(os.environ)),
+                            capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr
+    line = next(line for line in result.stdout.splitlines() if line.startswith("RESULTS "))
+    results = json.loads(line[len("RESULTS "):])
+    assert [(r["rank"], r["host"], r["value"]) for r in results] == [(0, "h1", 7.0), (1, "h1", 7.0), (2, "h2", 7.0)]
+    assert "FAILED 1" in result.stdout
+    assert_hosts_empty(cluster)
+
+
+def test_config_file_with_hosts(cluster, tmp_path):
+    config = tmp_path / "job.yaml"
+    config.write_text("np: 2\nhosts: [h1:1, h2:1]\nstart-timeout: 20\n")
+    result = run(cluster, "--config-file", str(config), sys.executable, str(SCRIPTS / "hvd_ranks.py"))
+    assert result.returncode == 0, result.stderr
+    assert [r["host"] for _, r in sorted(rank_reports(result.stdout).items())] == ["h1", "h2"]
+    assert_hosts_empty(cluster)

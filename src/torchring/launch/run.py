@@ -19,14 +19,16 @@ import platform
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
 import torch
+import torch.distributed as dist
 
-from .. import __version__
 from ..compat import SHIM_PATH
+from ..version import __version__
 from .hosts import HostSlots, SlotAssignment, assign_ranks, is_local_host, parse_hostfile, parse_hosts
 from .local import spawn_local
 from .network import address_of, interface_of
@@ -65,8 +67,8 @@ class RunConfig:
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``torchring run`` (horovodrun's names)."""
-    parser.add_argument("-np", "--num-proc", dest="num_proc", type=int, required=True,
-                        help="number of ranks to start")
+    parser.add_argument("-np", "--num-proc", dest="num_proc", type=int,
+                        help="number of ranks to start (required, here or in --config-file)")
     hosts = parser.add_mutually_exclusive_group()
     hosts.add_argument("-H", "--hosts", dest="hosts", help="hosts and slots, e.g. localhost:4")
     hosts.add_argument("--hostfile", dest="hostfile", help="file with one 'host slots=N' per line")
@@ -90,6 +92,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     remote.add_argument("--env", dest="extra_env", action="append", default=[], metavar="NAME=VALUE",
                         help="set this variable for every rank (repeatable)")
     parser.add_argument("--output-filename", help="also write each rank's output to DIR/rank.N/stdout and stderr")
+    parser.add_argument("--config-file", help="YAML file with values for these flags (flags given here win)")
+    parser.add_argument("--check-build", action="store_true",
+                        help="show which frameworks, controllers and tensor operations are available, and exit")
     add_tuning_arguments(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
 
@@ -99,6 +104,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
+    if args.num_proc is None:
+        raise ValueError("-np is required (on the command line or in --config-file)")
     if not command:
         raise ValueError("no command given; usage: torchring run -np 2 python train.py")
     if args.hostfile:
@@ -169,11 +176,16 @@ def _rank_environment(config: RunConfig, slot: SlotAssignment, store: tuple[str,
     return worker_environment(base, slot, store[0], store[1], cpus=report.cpus if report else None)
 
 
-def run_job(config: RunConfig) -> int:
-    """Start every rank, relay output, and return the job's exit code."""
+def run_job(config: RunConfig, with_store: Callable[[dist.Store], None] | None = None,
+            after_job: Callable[[dist.Store], None] | None = None) -> int:
+    """Start every rank, relay output, and return the job's exit code. ``with_store`` is called with the
+    job's store before any rank starts, ``after_job`` once all have ended (``torchring.run`` passes a
+    function and collects results through them)."""
     assignments = assign_ranks(config.hosts, config.num_proc)
     remote_hosts = list(dict.fromkeys(slot.hostname for slot in assignments if not is_local_host(slot.hostname)))
     server = RendezvousServer("127.0.0.1", config.port)
+    if with_store is not None:
+        with_store(server.store)
     reports: dict[str, HostReport] = {}
     local_interface = None
     if remote_hosts:
@@ -210,6 +222,8 @@ def run_job(config: RunConfig) -> int:
             for relay in worker.relays:
                 relay.start()
         failure = supervisor.wait()
+        if after_job is not None:
+            after_job(server.store)
     except BaseException:
         supervisor.terminate_all()
         raise

@@ -1,0 +1,87 @@
+"""``torchring.run(fn, ...)``: run a Python function on every rank of a job and return its results.
+
+The function and its arguments are pickled with cloudpickle (so functions defined in ``__main__``,
+lambdas and closures work) and handed to the ranks through the job's rendezvous store; each rank runs
+``python -m torchring.launch.run_function``, calls the function and puts its pickled result back in
+the store, where the launcher collects them in rank order.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import cloudpickle
+import torch.distributed as dist
+
+from .hosts import HostSlots, parse_hostfile, parse_hosts
+from .run import RunConfig, run_job
+from .ssh import SshOptions
+
+FUNCTION_KEY = "torchring/function/payload"
+
+
+def result_key(rank: int) -> str:
+    """Where rank ``rank`` puts its pickled result."""
+    return f"torchring/function/result/{rank}"
+
+
+class FunctionJobError(RuntimeError):
+    """The job running the function failed; its output (above) says why."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
+        np: int | None = None, hosts: str | None = None, hostfile: str | None = None, *,
+        num_proc: int | None = None, ssh_port: int | None = None, ssh_identity_file: str | None = None,
+        start_timeout: float = 30.0, network_interface: str | Sequence[str] | None = None,
+        env: Mapping[str, str] | None = None, output_filename: str | None = None, verbose: bool = False,
+        executable: str | None = None) -> list[Any]:
+    """Run ``fn(*args, **kwargs)`` on ``np`` ranks (on ``hosts``, e.g. ``"a:2,b:2"``, or this host) and
+    return the list of results in rank order. The function typically calls ``hvd.init()`` itself.
+
+    Raises ``FunctionJobError`` when a rank fails (its traceback is in the job's output)."""
+    size = np if np is not None else num_proc
+    if size is None or size < 1:
+        raise ValueError("torchring.run: give the number of ranks, np=N")
+    host_slots: list[HostSlots] = (parse_hostfile(hostfile) if hostfile else parse_hosts(hosts) if hosts
+                                   else [HostSlots("localhost", size)])
+    interfaces = (network_interface,) if isinstance(network_interface, str) else tuple(network_interface or ())
+    python = executable or sys.executable
+    config = RunConfig(
+        num_proc=size, hosts=host_slots, command=[python, "-m", "torchring.launch.run_function"],
+        verbose=verbose, ssh=SshOptions(port=ssh_port, identity_file=ssh_identity_file,
+                                        connect_timeout_s=start_timeout, python=python),
+        network_interfaces=interfaces, output_dir=output_filename, extra_env=dict(env or {}),
+    )
+    payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
+    results: dict[int, Any] = {}
+
+    def give(store: dist.Store) -> None:
+        store.set(FUNCTION_KEY, payload)
+
+    def collect(store: dist.Store) -> None:
+        for rank in range(size):
+            if store.check([result_key(rank)]):
+                results[rank] = cloudpickle.loads(store.get(result_key(rank)))
+
+    code = run_job(config, with_store=give, after_job=collect)
+    if code != 0:
+        raise FunctionJobError(f"torchring.run: the job failed with exit code {code}; its output above names "
+                               "the rank and its error", code)
+    missing = [rank for rank in range(size) if rank not in results]
+    if missing:
+        raise FunctionJobError(f"torchring.run: rank(s) {missing} ended without a result", 1)
+    return [results[rank] for rank in range(size)]
+
+
+def _environment_store() -> dist.Store:
+    from datetime import timedelta
+
+    return dist.TCPStore(os.environ["TORCHRING_STORE_ADDR"], int(os.environ["TORCHRING_STORE_PORT"]),
+                         is_master=False, timeout=timedelta(seconds=60))

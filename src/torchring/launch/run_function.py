@@ -1,0 +1,34 @@
+"""What each rank of ``torchring.run(fn, ...)`` runs: fetch the function, call it, hand back the result."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+import cloudpickle
+
+from .function import FUNCTION_KEY, _environment_store, result_key
+
+
+def main() -> int:
+    store = _environment_store()
+    rank = int(os.environ["TORCHRING_RANK"])
+    fn, args, kwargs = cloudpickle.loads(store.get(FUNCTION_KEY))
+    try:
+        result = fn(*args, **kwargs)
+    except BaseException:  # noqa: BLE001 - reported on stderr, the launcher names this rank
+        traceback.print_exc()
+        return 1
+    import torchring
+
+    torchring.shutdown()  # a no-op unless the function initialised torchring; orderly on every rank
+    store.set(result_key(rank), cloudpickle.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # results are in the store; skip torch's interpreter-exit teardown

@@ -1,0 +1,37 @@
+"""torchring.run(fn) from a script, --check-build and --config-file through the real command."""
+
+import json
+import subprocess
+import sys
+
+from .jobs import ROOT, SCRIPTS, run_job
+
+
+def test_run_function_returns_results_in_rank_order_and_reports_failures():
+    result = subprocess.run([sys.executable, str(SCRIPTS / "run_function.py")], cwd=ROOT, capture_output=True,
+                            text=True, timeout=180)
+    assert result.returncode == 0, result.stderr
+    line = next(line for line in result.stdout.splitlines() if line.startswith("RESULTS "))
+    results = json.loads(line[len("RESULTS "):])
+    assert [r["rank"] for r in results] == [0, 1, 2] and all(r["value"] == 7.0 for r in results)
+    assert "FAILED 1" in result.stdout
+    assert "ZeroDivisionError" in result.stderr
+
+
+def test_check_build_lists_what_is_available():
+    result = run_job("run", "--check-build")
+    assert result.returncode == 0
+    assert "[X] PyTorch" in result.stdout and "[X] Gloo" in result.stdout and "[ ] MPI" in result.stdout
+
+
+def test_config_file_sets_flags_and_command_line_wins(tmp_path):
+    config = tmp_path / "job.yaml"
+    config.write_text("np: 2\nparams: {cycle_time_ms: 4}\nenv: {JOB_MODE: from file}\n")
+    code = "import os; print(os.environ['TORCHRING_CYCLE_TIME'], os.environ['JOB_MODE'], os.environ['WORLD_SIZE'])"
+    result = run_job("run", "--config-file", str(config), "--env", "JOB_MODE=from flag", sys.executable, "-c", code)
+    assert result.returncode == 0, result.stderr
+    assert result.lines("stdout", 0) == ["4.0 from flag 2"] and result.lines("stdout", 1) == ["4.0 from flag 2"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("np: 2\nfusion: 3\n")
+    result = run_job("run", "--config-file", str(bad), "true")
+    assert result.returncode == 2 and "unknown key 'fusion'" in result.stderr

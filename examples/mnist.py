@@ -7,12 +7,18 @@ The changes from single-process training are Horovod's usual ones: ``hvd.init()`
 scaled by ``hvd.size()``, a ``DistributedSampler``, ``broadcast_parameters`` and
 ``broadcast_optimizer_state`` from rank 0, ``DistributedOptimizer``, logging on rank 0 only, and the
 test metrics averaged over ranks with ``allreduce``.
+
+Messages go through ``torchring.logging_utils.get_logger`` (rank 0 only, to stderr, prefixed with the
+rank and host) and the training loop through ``progress`` (a bar on a terminal, else a line per second
+on stderr with the loss, samples/s over all ranks and the ETA). The ``Train Epoch`` and ``Test set``
+lines stay on rank 0's stdout.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +28,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 import torchring as hvd
+from torchring.logging_utils import get_logger, progress
 
 
 def parse_args() -> argparse.Namespace:
@@ -47,19 +54,19 @@ def metric_average(value: float, name: str) -> float:
 def main() -> None:
     args = parse_args()
     hvd.init()
+    log = get_logger("mnist")
     torch.manual_seed(args.seed)
     use_cuda = args.cuda and torch.cuda.is_available()
-    if args.cuda and not use_cuda and hvd.rank() == 0:
-        print("--cuda given but CUDA is not available; training on the CPU")
+    if args.cuda and not use_cuda:
+        log.warning("--cuda given but CUDA is not available; training on the CPU")
     device = torch.device("cuda", hvd.local_rank()) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
         torch.cuda.manual_seed(args.seed)
 
     train_set, test_set, source = load_datasets(args.data_dir)
-    if hvd.rank() == 0:
-        print(f"training on {source}: {len(train_set)} train / {len(test_set)} test samples, "
-              f"{hvd.size()} ranks")
+    log.info("training on %s: %d train / %d test samples, %d ranks", source, len(train_set), len(test_set),
+             hvd.size())
     train_sampler = DistributedSampler(train_set, num_replicas=hvd.size(), rank=hvd.rank())
     test_sampler = DistributedSampler(test_set, num_replicas=hvd.size(), rank=hvd.rank(), shuffle=False)
     loader_options = {"num_workers": 1, "pin_memory": True} if use_cuda else {}
@@ -85,7 +92,8 @@ def main() -> None:
     for epoch in range(1, args.epochs + 1):
         model.train()
         train_sampler.set_epoch(epoch)
-        for batch_idx, (data, target) in enumerate(train_loader):
+        bar = progress(train_loader, desc=f"epoch {epoch}/{args.epochs}", unit="batch", batch_size=args.batch_size)
+        for batch_idx, (data, target) in enumerate(bar):
             data, target = data.to(device), target.to(device)
             optimizer.zero_grad()
             with autocast():
@@ -100,10 +108,11 @@ def main() -> None:
             else:
                 loss.backward()
                 optimizer.step()
+            bar.set(loss=loss)
             if batch_idx % args.log_interval == 0 and hvd.rank() == 0:
                 seen = batch_idx * len(data)
-                print(f"Train Epoch: {epoch} [{seen}/{len(train_sampler)} "
-                      f"({100.0 * batch_idx / len(train_loader):.0f}%)]\tLoss: {loss.item():.6f}")
+                bar.write(f"Train Epoch: {epoch} [{seen}/{len(train_sampler)} "
+                          f"({100.0 * batch_idx / len(train_loader):.0f}%)]\tLoss: {loss.item():.6f}", file=sys.stdout)
 
     model.eval()
     test_loss = correct = 0.0

@@ -66,6 +66,7 @@ from .grouped import (
     grouped_reducescatter_async,
 )
 from .launch.function import run
+from .logging_utils import get_logger, progress
 from .optimizer import DistributedOptimizer
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .reduction import Adasum, Average, Max, Min, Product, ReduceOp, Sum
@@ -140,6 +141,8 @@ __all__ = [
     "remove_process_set",
     "rocm_built",
     "run",
+    "get_logger",
+    "progress",
     "shutdown",
     "size",
     "sparse_allreduce_async",

@@ -1,4 +1,4 @@
-"""The ``torchring`` command: ``torchring run ...``, ``torchring bench ...`` and ``torchring --version``."""
+"""The ``torchring`` command: ``run``, ``bench``, ``doctor``, ``timeline`` and ``--version``."""
 
 from __future__ import annotations
 
@@ -7,10 +7,12 @@ import sys
 from collections.abc import Sequence
 
 from .bench.cli import BenchJobError, BenchUsageError, add_bench_arguments, run_bench
+from .diagnostics.doctor_cli import add_doctor_arguments, run_doctor
+from .diagnostics.timeline_cli import add_timeline_arguments, run_timeline
 from .launch.check_build import check_build_report
 from .launch.config_file import ConfigFileError, apply_config_file
 from .launch.hosts import HostSpecError
-from .launch.run import PreflightError, add_run_arguments, config_from_args, run_job
+from .launch.run import PreflightError, add_run_arguments, config_from_args, run_elastic_job, run_job
 from .version import __version__
 
 
@@ -22,6 +24,13 @@ def build_parser() -> argparse.ArgumentParser:
                               description="Start NP ranks of COMMAND and supervise them.")
     add_run_arguments(run)
     parser.set_defaults(run_parser=run)
+    doctor = commands.add_parser("doctor", help="check this host (and others over SSH) for what training needs",
+                                 description="Check versions, CUDA/NCCL, shared memory, network and settings on "
+                                             "this host or on -H hosts; exit 1 when something blocks training.")
+    add_doctor_arguments(doctor)
+    timeline = commands.add_parser("timeline", help="analyse a timeline file",
+                                   description="Analyse a timeline written with --timeline-filename/HOROVOD_TIMELINE.")
+    add_timeline_arguments(timeline)
     bench = commands.add_parser("bench", help="benchmark collectives and training (starts its own ranks)",
                                 description="Benchmark torchring against raw torch.distributed, DDP and Horovod.")
     add_bench_arguments(bench)
@@ -58,11 +67,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.subcommand == "bench":
         return _bench(args, argv)
+    if args.subcommand == "doctor":
+        return run_doctor(args)
+    if args.subcommand == "timeline":
+        return run_timeline(args)
     if args.check_build:
         print(check_build_report())
         return 0
     try:
-        return run_job(config_from_args(args))
+        config = config_from_args(args)
+        return run_elastic_job(config) if config.elastic is not None else run_job(config)
     except (HostSpecError, ValueError) as error:
         print(f"torchring run: error: {error}", file=sys.stderr)
         return 2

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from .compression import Compressor
 from .exceptions import HorovodInternalError
 from .gradient_buckets import Bucket
+from .metrics.counters import METRICS
 from .runtime.executor import DataGroups
 
 logger = logging.getLogger("torchring")
@@ -40,6 +41,8 @@ _open_lanes: list[GradientLane] = []
 _registry_lock = threading.Lock()
 #: CPU seconds the lanes of this process spent: [everything, of which packing/unpacking/scaling copies].
 _cpu_seconds = [0.0, 0.0]
+#: Wait times travel in the carrier, possibly as float16: capped well below its largest value.
+MAX_REPORTED_WAIT_MS = 60000.0
 
 
 def open_lanes(generation: int) -> list[GradientLane]:
@@ -61,6 +64,7 @@ class LaneSettings:
     """How a lane reduces: the same on every rank (checked by the negotiation of the first step)."""
 
     set_size: int
+    set_rank: int
     average: bool
     prescale: float
     postscale: float
@@ -99,6 +103,8 @@ class GradientLane:
         self.carrier: int | None = shared[0] if shared else None
         self._carrier_buffer: torch.Tensor | None = None
         self._shadow_buffers: dict[int, torch.Tensor] = {}
+        #: How long this rank waited for the last step's first bucket (reported in the next carrier).
+        self._last_wait_ms = 0.0
         with _registry_lock:
             _open_lanes.append(self)
 
@@ -122,8 +128,13 @@ class GradientLane:
             self._launch_flag(1.0)
         training = self._settings.set_size
         try:
-            for launched in self._launched:
-                self._wait(launched, stall_checks=True)
+            for index, launched in enumerate(self._launched):
+                if index == 0:
+                    waited_from = time.perf_counter()
+                    self._wait(launched, stall_checks=True)
+                    self._last_wait_ms = (time.perf_counter() - waited_from) * 1000.0
+                else:
+                    self._wait(launched, stall_checks=True)
                 start = time.thread_time()
                 flag = self._unpack(launched)
                 if flag is not None:
@@ -131,6 +142,7 @@ class GradientLane:
                 spent = time.thread_time() - start
                 _cpu_seconds[0] += spent
                 _cpu_seconds[1] += spent
+                METRICS.phase("fusion_copy", spent)
         finally:
             self._launched.clear()
             self._ready.clear()
@@ -167,7 +179,8 @@ class GradientLane:
                 self._launch_flag(0.0)
             carrier = self._launched[-1]
             self._wait(carrier, stall_checks=False)
-            if round(float(carrier.wire[-1])) == 0:
+            flag_index = carrier.bucket.numel if carrier.bucket is not None else 0
+            if round(float(carrier.wire[flag_index])) == 0:
                 for launched in self._launched[launched_before:]:
                     self._wait(launched, stall_checks=False)
                 self._launched.clear()
@@ -194,7 +207,7 @@ class GradientLane:
         if zeros:
             buffer = self._shadow_buffers.get(bucket.index)
             if buffer is None:
-                numel = bucket.numel + (1 if is_carrier else 0)
+                numel = bucket.numel + (self._carrier_extra if is_carrier else 0)
                 buffer = self._shadow_buffers[bucket.index] = params[0].new_zeros(numel)
             buffer.zero_()
             return buffer
@@ -205,7 +218,7 @@ class GradientLane:
             return grad
         if is_carrier:
             if self._carrier_buffer is None:
-                self._carrier_buffer = params[0].new_empty(bucket.numel + 1)
+                self._carrier_buffer = params[0].new_empty(bucket.numel + self._carrier_extra)
             buffer = self._carrier_buffer
         else:
             buffer = bucket.flat_buffer()
@@ -214,7 +227,9 @@ class GradientLane:
         if self._settings.prescale != 1.0:
             buffer[:numel].mul_(self._settings.prescale)
         if is_carrier:
+            buffer[numel:].zero_()
             buffer[numel] = flag
+            buffer[numel + 1 + self._settings.set_rank] = min(self._last_wait_ms, MAX_REPORTED_WAIT_MS)
         return buffer
 
     def _launch(self, bucket: Bucket, flag: float, zeros: bool = False) -> None:
@@ -225,10 +240,19 @@ class GradientLane:
         self._start(bucket, buffer, wire, ctx, self.names[bucket.index])
         _cpu_seconds[0] += time.thread_time() - start
         _cpu_seconds[1] += packed - start
+        METRICS.phase("fusion_copy", packed - start)
+
+    @property
+    def _carrier_extra(self) -> int:
+        """Elements the carrier adds: the "still training" flag, then one wait time per rank."""
+        return 1 + self._settings.set_size
 
     def _launch_flag(self, flag: float) -> None:
         device = self.buckets[0].params[0].device if self.buckets else torch.device("cpu")
-        buffer = torch.full((1,), flag, device=device)
+        buffer = torch.zeros(self._carrier_extra, device=device)
+        buffer[0] = flag
+        if flag:
+            buffer[1 + self._settings.set_rank] = min(self._last_wait_ms, MAX_REPORTED_WAIT_MS)
         self._start(None, buffer, buffer, None, "lane.flag")
 
     def _start(self, bucket: Bucket | None, buffer: torch.Tensor, wire: torch.Tensor, ctx: Any, name: str) -> None:
@@ -239,9 +263,17 @@ class GradientLane:
             timeline.op_start(name, "ALLREDUCE")
             timeline.activity_start(name, "GLOO_ALLREDUCE" if wire.device.type == "cpu" else "NCCL_ALLREDUCE")
         work = self._group(wire.device).allreduce([wire], options)
+        METRICS.reduced(wire.numel() * wire.element_size())
         self._launched.append(_Launched(bucket, buffer, wire, ctx, work, name))
 
     def _wait(self, launched: _Launched, stall_checks: bool) -> None:
+        started = time.perf_counter()
+        try:
+            self._wait_for(launched, stall_checks)
+        finally:
+            METRICS.phase("backend", time.perf_counter() - started)
+
+    def _wait_for(self, launched: _Launched, stall_checks: bool) -> None:
         work = launched.work
         waited = 0.0
         warn_s = self._settings.stall_warning_s
@@ -275,22 +307,30 @@ class GradientLane:
         message = (f"gradient bucket '{name}' (step {self._step} of this optimizer) has waited {waited:.0f} s for "
                    "the other ranks. One of them has stopped training: it ran out of data (call hvd.join() "
                    "when a rank has no more batches), is stuck, or skipped optimizer.step().")
+        METRICS.stalls += 1
         if shutdown_s > 0 and waited >= shutdown_s:
             raise HorovodInternalError(f"{message} Giving up after HOROVOD_STALL_SHUTDOWN_TIME_SECONDS="
                                        f"{shutdown_s:g}.")
         logger.warning(message)
+
+    def _report_waits(self, name: str, waits_ms: torch.Tensor) -> None:
+        timeline = self._timeline()
+        if timeline.enabled and self._step > 0:
+            timeline.lane_waits(name, waits_ms.tolist())
 
     def _unpack(self, launched: _Launched) -> float | None:
         """Copy a reduced bucket back into its gradients, scaled; the carrier's flag, if it is one."""
         reduced = self._settings.compression.decompress(launched.wire, launched.ctx)
         bucket = launched.bucket
         if bucket is None:
+            self._report_waits(launched.name, reduced[1:])
             return float(reduced[0])
         scale = self._settings.postscale / (self._settings.set_size if self._settings.average else 1)
         params = bucket.params
         flag = None
         if bucket.index == self.carrier:
             flag = float(reduced[bucket.numel])
+            self._report_waits(launched.name, reduced[bucket.numel + 1:])
         if len(params) == 1 and bucket.index != self.carrier:
             grad = params[0].grad
             if reduced is not grad:

@@ -25,6 +25,7 @@ from .compression import Compression, Compressor
 from .gradient_buckets import Bucket, plan_buckets
 from .gradient_lane import GradientLane, LaneSettings
 from .handles import submission_batch
+from .metrics.counters import METRICS
 from .process_sets import ProcessSet, global_process_set
 from .reduction import Average, ReduceOp, resolve_op
 from .runtime import context
@@ -351,7 +352,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             prescale, postscale = self._scale_factors()
             stall = runtime.engine.settings
             settings = LaneSettings(
-                set_size=self._process_set.size(), average=self.op is ReduceOp.AVERAGE, prescale=prescale,
+                set_size=self._process_set.size(), set_rank=self._process_set.rank(),
+                average=self.op is ReduceOp.AVERAGE, prescale=prescale,
                 postscale=postscale, compression=self._compression,
                 stall_warning_s=stall.stall_warning_s if stall.stall_check_enabled else 0.0,
                 stall_shutdown_s=stall.stall_shutdown_s,
@@ -390,7 +392,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                               "optimizer.synchronize() in your code.", stacklevel=2)
             self.synchronize()
         self._synchronized = False
-        return super().step(closure)
+        result = super().step(closure)
+        METRICS.step()
+        return result
 
     def _local_step(self, closure: Any = None) -> Any:
         """The wrapped optimizer's step, without reducing gradients."""

@@ -35,3 +35,16 @@ def test_config_file_sets_flags_and_command_line_wins(tmp_path):
     bad.write_text("np: 2\nfusion: 3\n")
     result = run_job("run", "--config-file", str(bad), "true")
     assert result.returncode == 2 and "unknown key 'fusion'" in result.stderr
+
+
+def test_elastic_job_on_this_host(tmp_path):
+    script = ROOT / "tests" / "multihost" / "scripts" / "elastic_train.py"
+    log = tmp_path / "committed.jsonl"
+    result = run_job("run", "--min-np", "2", "--max-np", "2", "-H", "localhost:2", sys.executable, str(script),
+                     env={"ELASTIC_LOG": str(log), "ELASTIC_EPOCHS": "1", "ELASTIC_STEP_SLEEP": "0"})
+    assert result.returncode == 0, result.stderr
+    assert "elastic job started with 2 workers on localhost" in result.stderr
+    finals = sorted(line for line in result.stdout.splitlines() if "final rank" in line)
+    assert len(finals) == 2 and len({line.split("checksum")[1] for line in finals}) == 1
+    indices = [i for line in log.read_text().splitlines() for i in json.loads(line)["indices"]]
+    assert sorted(indices) == list(range(240))

@@ -11,12 +11,12 @@ from .cluster import Cluster, ClusterUnavailable, cluster_unavailable_reason
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """A 2-host cluster (``h1``, ``h2``) for the whole session; skips where this machine cannot host one."""
+    """A 3-host cluster (``h1``..``h3``) for the whole session; skips where this machine cannot host one."""
     reason = cluster_unavailable_reason()
     if reason is not None:
         pytest.skip(f"multi-host cluster unavailable: {reason}")
     try:
-        started = Cluster.start(tmp_path_factory.mktemp("cluster"), num_hosts=2)
+        started = Cluster.start(tmp_path_factory.mktemp("cluster"), num_hosts=3)
     except ClusterUnavailable as error:
         pytest.skip(f"multi-host cluster unavailable: {error}")
     try:

@@ -197,3 +197,11 @@ def test_run_resets_on_host_update_and_rolls_back_on_failure(rank, size, monkeyp
     assert resets == [size, size]
     assert state.attempts == 3  # kept across the interrupt and the commit
     assert hvd.is_initialized()
+
+
+def test_sync_is_skipped_only_when_every_rank_may_skip_it(rank):
+    from torchring.elastic.runner import _everyone_skips_sync
+
+    assert _everyone_skips_sync(True) is True
+    assert _everyone_skips_sync(False) is False
+    assert _everyone_skips_sync(rank != 0) is False  # rank 0 must sync, so everyone does

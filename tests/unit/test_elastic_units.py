@@ -57,3 +57,41 @@ def test_hosts_version_parsing():
     assert parse_hosts_version("3 removed") == HostsVersion(3, True)
     assert parse_hosts_version("4 added") == HostsVersion(4, False)
     assert parse_hosts_version("") == HostsVersion()
+
+
+def test_a_writer_killed_midway_leaves_the_previous_checkpoint(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    write_checkpoint(tmp_path, {"epoch": 1}, commit_count=1)
+    # a writer whose disk stalls after part of the new file is written: killed there
+    child = subprocess.Popen([sys.executable, "-c", f"""
+import os, time, torch
+from pathlib import Path
+from torchring.elastic import checkpoint
+real_fdopen = os.fdopen
+class Stalling:
+    def __init__(self, handle): self.handle = handle
+    def __enter__(self): return self
+    def __exit__(self, *a): return self.handle.__exit__(*a)
+    def write(self, data):
+        self.handle.write(bytes(data)[: len(data) // 2]); self.handle.flush()
+        Path({str(tmp_path)!r}, "halfway").touch()
+        time.sleep(60)
+checkpoint.os.fdopen = lambda fd, mode: Stalling(real_fdopen(fd, mode))
+checkpoint.write_checkpoint(Path({str(tmp_path)!r}), {{"epoch": 2, "weights": torch.ones(100000)}}, commit_count=2)
+"""])
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "halfway").exists():
+        assert child.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    leftovers = list(tmp_path.glob(f".{CHECKPOINT_FILE}.*.tmp"))
+    assert len(leftovers) == 1 and leftovers[0].stat().st_size > 0  # the torn new file, never renamed
+    assert read_checkpoint(tmp_path)["state"] == {"epoch": 1}
+    write_checkpoint(tmp_path, {"epoch": 3}, commit_count=3)  # the next commit clears the leftover
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([CHECKPOINT_FILE, "halfway"])
+    assert read_checkpoint(tmp_path)["state"] == {"epoch": 3}

@@ -50,7 +50,14 @@ def write_checkpoint(directory: Path, snapshot: dict[str, Any], commit_count: in
         Path(temporary).unlink(missing_ok=True)
         raise
     _fsync_directory(directory)
+    _remove_stale_temporaries(directory)
     return target
+
+
+def _remove_stale_temporaries(directory: Path) -> None:
+    """Temporary files of writers that were killed mid-write (only rank 0 writes, one commit at a time)."""
+    for stale in directory.glob(f".{CHECKPOINT_FILE}.*.tmp"):
+        stale.unlink(missing_ok=True)
 
 
 def read_checkpoint(directory: Path) -> dict[str, Any] | None:

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 from .. import basics
 from ..exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from ..metrics.counters import METRICS
 from .membership import elastic_mode, reset_limit
 from .state import State
 
@@ -39,7 +40,7 @@ def run(func: Callable[..., Result]) -> Callable[..., Result]:
             basics.init()
         resets, skip_sync = 0, False
         while True:
-            if not skip_sync:
+            if not _everyone_skips_sync(skip_sync):
                 state.sync()
             try:
                 return func(state, *args, **kwargs)
@@ -55,6 +56,7 @@ def run(func: Callable[..., Result]) -> Callable[..., Result]:
                 logger.warning("hosts changed; continuing with the new membership")
                 skip_sync = interrupt.skip_sync
             resets += 1
+            METRICS.resets += 1
             limit = reset_limit()
             if limit is not None and resets > limit:
                 raise ResetLimitExceeded(f"the job was reset {resets} times, more than --reset-limit {limit}")
@@ -62,6 +64,20 @@ def run(func: Callable[..., Result]) -> Callable[..., Result]:
             state.on_reset()
 
     return wrapper
+
+
+def _everyone_skips_sync(skip: bool) -> bool:
+    """Skip ``sync()`` only when every rank may: ranks that rolled back after a failed collective, new
+    workers, and ranks interrupted by a removal of hosts can reach this point together, and a rank that
+    skipped while another synchronised would wait forever."""
+    if basics.size() == 1:
+        return skip
+    import torch
+
+    from ..collectives import allreduce
+    from ..reduction import ReduceOp
+
+    return bool(allreduce(torch.tensor([1 if skip else 0]), op=ReduceOp.MIN, name="elastic.skip_sync").item())
 
 
 def _reinitialize() -> None:

@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping
 
 from .base import ClusterEnvironment, LaunchEnvironmentError, RankInfo, Rendezvous
+from .elastic import ElasticLauncherEnvironment
 from .launcher import TorchringLauncherEnvironment
 from .mpi import MPIEnvironment
 from .single import SingleProcessEnvironment
@@ -14,6 +15,7 @@ from .torchrun import TorchrunEnvironment
 
 #: Detection order: the most specific launcher first, the single process last.
 ENVIRONMENTS: tuple[type[ClusterEnvironment], ...] = (
+    ElasticLauncherEnvironment,
     TorchringLauncherEnvironment,
     TorchrunEnvironment,
     SlurmEnvironment,
@@ -34,6 +36,7 @@ def detect_environment(env: Mapping[str, str] | None = None) -> ClusterEnvironme
 __all__ = [
     "ENVIRONMENTS",
     "ClusterEnvironment",
+    "ElasticLauncherEnvironment",
     "LaunchEnvironmentError",
     "MPIEnvironment",
     "RankInfo",

@@ -6,6 +6,7 @@ import ctypes
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 
 _PR_SET_PDEATHSIG = 1
@@ -44,3 +45,21 @@ def signal_group(process: subprocess.Popen, signum: int) -> None:
         os.killpg(process.pid, signum)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def terminate_groups(processes: Sequence[subprocess.Popen], grace_period_s: float) -> None:
+    """SIGTERM the process group of each of ``processes``, SIGKILL what is left after the grace period
+    (which also reaps children, such as DataLoader workers, that outlived their leader)."""
+    for process in processes:
+        if process.poll() is None:
+            signal_group(process, signal.SIGTERM)
+    deadline = time.monotonic() + grace_period_s
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for process in processes:
+        signal_group(process, signal.SIGKILL)
+        if process.poll() is None:
+            process.wait()

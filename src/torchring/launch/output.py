@@ -12,7 +12,7 @@ _console_lock = threading.Lock()
 class OutputRelay:
     """Copies one worker stream to the console line by line; keeps its last lines for error reports."""
 
-    def __init__(self, rank: int, stream_name: str, source: BinaryIO, sink: BinaryIO, keep_lines: int = 20,
+    def __init__(self, rank: int | str, stream_name: str, source: BinaryIO, sink: BinaryIO, keep_lines: int = 20,
                  show: bool = True, file: BinaryIO | None = None) -> None:
         self.rank = rank
         self._prefix = f"[{rank}]<{stream_name}>:".encode()
@@ -34,7 +34,7 @@ class OutputRelay:
         for line in iter(self._source.readline, b""):
             if not line.endswith(b"\n"):
                 line += b"\n"
-            self.tail.append(line.decode(errors="replace").rstrip("\n"))
+            self.tail.append(line.decode(errors="replace").rstrip("\r\n"))
             if self._file is not None:
                 self._file.write(line)
                 self._file.flush()

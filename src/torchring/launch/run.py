@@ -14,6 +14,7 @@ host reaches the store. No rank starts unless every check passes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import platform
 import signal
@@ -29,6 +30,8 @@ import torch.distributed as dist
 
 from ..compat import SHIM_PATH
 from ..version import __version__
+from .discovery import HostDiscovery
+from .elastic_driver import ElasticDriver, ElasticSettings, environment_factory
 from .hosts import HostSlots, SlotAssignment, assign_ranks, is_local_host, parse_hostfile, parse_hosts
 from .local import spawn_local
 from .network import address_of, interface_of
@@ -63,6 +66,11 @@ class RunConfig:
     #: ``-x NAME``: variables passed on to remote ranks; ``--env NAME=VALUE``: set for every rank.
     forward_names: tuple[str, ...] = ()
     extra_env: dict[str, str] = field(default_factory=dict)
+    #: Set for an elastic job (with its discovery script, if any).
+    elastic: ElasticSettings | None = None
+    discovery_script: str | None = None
+    slots_per_host: int | None = None
+    metrics_port: int | None = None
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -91,8 +99,21 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also pass this environment variable on to remote ranks (repeatable)")
     remote.add_argument("--env", dest="extra_env", action="append", default=[], metavar="NAME=VALUE",
                         help="set this variable for every rank (repeatable)")
+    elastic = parser.add_argument_group("elastic training (any of --min-np, --max-np, --host-discovery-script)")
+    elastic.add_argument("--min-np", type=int, help="fewest workers the job runs with (default: -np)")
+    elastic.add_argument("--max-np", type=int, help="most workers the job grows to (default: -np, or no limit)")
+    elastic.add_argument("--slots-per-host", type=int, help="slots of hosts the discovery script lists without")
+    elastic.add_argument("--host-discovery-script", help="program printing the usable hosts, one host[:slots] a line")
+    elastic.add_argument("--reset-limit", type=int, help="most membership changes (resets) the job may go through")
+    elastic.add_argument("--blacklist-cooldown-range", type=float, nargs=2, metavar=("MIN", "MAX"),
+                         help="a host where a worker failed is left out for a random MIN..MAX seconds (default: "
+                              "for good)")
+    elastic.add_argument("--elastic-timeout", type=float, default=600.0,
+                         help="seconds to wait for enough hosts before giving up (default 600)")
     parser.add_argument("--output-filename", help="also write each rank's output to DIR/rank.N/stdout and stderr")
     parser.add_argument("--config-file", help="YAML file with values for these flags (flags given here win)")
+    parser.add_argument("--metrics-port", type=int,
+                        help="serve every rank's Prometheus metrics and job totals on this port of this host")
     parser.add_argument("--check-build", action="store_true",
                         help="show which frameworks, controllers and tensor operations are available, and exit")
     add_tuning_arguments(parser)
@@ -104,7 +125,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
-    if args.num_proc is None:
+    elastic = _elastic_settings(args)
+    if args.num_proc is None and elastic is None:
         raise ValueError("-np is required (on the command line or in --config-file)")
     if not command:
         raise ValueError("no command given; usage: torchring run -np 2 python train.py")
@@ -112,8 +134,10 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         hosts = parse_hostfile(args.hostfile)
     elif args.hosts:
         hosts = parse_hosts(args.hosts)
+    elif args.host_discovery_script:
+        hosts = []
     else:
-        hosts = [HostSlots("localhost", max(args.num_proc, 1))]
+        hosts = [HostSlots("localhost", max(args.num_proc or (elastic.max_np if elastic else 1), 1))]
     ranks_to_show = None
     if args.ranks is not None:
         try:
@@ -132,9 +156,79 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         raise ValueError(f"--start-timeout {args.start_timeout}: must be positive")
     ssh = SshOptions(port=args.ssh_port, identity_file=args.ssh_identity_file, connect_timeout_s=args.start_timeout,
                      python=args.python or sys.executable)
-    return RunConfig(args.num_proc, hosts, command, args.port, ranks_to_show, args.verbose, args.horovod_compat,
-                     tuning_environment(args), ssh, tuple(args.network_interface), args.output_filename,
-                     tuple(args.forward), extra_env)
+    return RunConfig(args.num_proc or (elastic.min_np if elastic else 0), hosts, command, args.port, ranks_to_show,
+                     args.verbose, args.horovod_compat, tuning_environment(args), ssh, tuple(args.network_interface),
+                     args.output_filename, tuple(args.forward), extra_env, elastic, args.host_discovery_script,
+                     args.slots_per_host, _metrics_port(args.metrics_port))
+
+
+def _metrics_port(port: int | None) -> int | None:
+    if port is not None and not 0 < port < 65536:
+        raise ValueError(f"--metrics-port {port} is not a valid port")
+    return port
+
+
+def _serve_metrics(config: RunConfig, store: dist.Store, max_ranks: int) -> dict[str, str]:
+    """Serve the job's metrics when asked; the variables that make the ranks publish theirs."""
+    if config.metrics_port is None:
+        return {}
+    from ..metrics.exporter import serve_job_metrics
+
+    try:
+        serve_job_metrics(store, config.metrics_port, max_ranks)
+    except OSError as error:
+        raise OSError(f"cannot serve metrics on port {config.metrics_port}: {error.strerror}; choose another "
+                      "--metrics-port") from None
+    if config.verbose:
+        print(f"torchring run: metrics at http://<this host>:{config.metrics_port}/metrics", file=sys.stderr)
+    return {"TORCHRING_METRICS_PUBLISH": "1"}
+
+
+#: Any of these flags makes a job elastic.
+_ELASTIC_FLAGS = ("min_np", "max_np", "host_discovery_script")
+
+
+def _elastic_settings(args: argparse.Namespace) -> ElasticSettings | None:
+    if all(getattr(args, name) is None for name in _ELASTIC_FLAGS):
+        return None
+    if args.host_discovery_script and (args.hosts or args.hostfile):
+        raise ValueError("--host-discovery-script and -H/--hostfile exclude each other")
+    min_np = args.min_np or args.num_proc
+    if min_np is None or min_np < 1:
+        raise ValueError("an elastic job needs --min-np or -np (at least 1)")
+    max_np = args.max_np or (args.num_proc if args.num_proc and args.num_proc >= min_np else 1 << 30)
+    if max_np < min_np:
+        raise ValueError(f"--max-np {max_np} is smaller than --min-np {min_np}")
+    if args.num_proc is not None and not min_np <= args.num_proc <= max_np:
+        raise ValueError(f"-np {args.num_proc} must lie between --min-np {min_np} and --max-np {max_np}")
+    cooldown = tuple(args.blacklist_cooldown_range) if args.blacklist_cooldown_range else None
+    if cooldown is not None and not 0 <= cooldown[0] <= cooldown[1]:
+        raise ValueError("--blacklist-cooldown-range MIN MAX needs 0 <= MIN <= MAX")
+    if args.elastic_timeout <= 0:
+        raise ValueError("--elastic-timeout must be positive")
+    if args.reset_limit is not None and args.reset_limit < 0:
+        raise ValueError("--reset-limit must be >= 0")
+    return ElasticSettings(min_np=min_np, max_np=max_np, reset_limit=args.reset_limit,
+                           elastic_timeout_s=args.elastic_timeout, cooldown_range_s=cooldown)
+
+
+def run_elastic_job(config: RunConfig) -> int:
+    """Run an elastic job with ``ElasticDriver``."""
+    assert config.elastic is not None
+    if config.discovery_script:
+        discovery = HostDiscovery(script=config.discovery_script, slots_per_host=config.slots_per_host)
+    else:
+        discovery = HostDiscovery(fixed=config.hosts, slots_per_host=config.slots_per_host)
+    base = {**os.environ, **config.tuning}
+    if config.network_interfaces:
+        base.setdefault("GLOO_SOCKET_IFNAME", ",".join(config.network_interfaces))
+    make_env = environment_factory(base, list(config.forward_names), config.extra_env)
+    driver = ElasticDriver(config.command, config.elastic, discovery, make_env, config.ssh, config.port,
+                           config.horovod_compat)
+    extra = _serve_metrics(config, driver.server.store, min(config.elastic.max_np, 4096))
+    if extra:
+        driver.make_env = environment_factory(base, list(config.forward_names), {**config.extra_env, **extra})
+    return driver.run()
 
 
 def _output_files(output_dir: str | None, rank: int) -> tuple[BinaryIO | None, BinaryIO | None]:
@@ -186,6 +280,9 @@ def run_job(config: RunConfig, with_store: Callable[[dist.Store], None] | None =
     server = RendezvousServer("127.0.0.1", config.port)
     if with_store is not None:
         with_store(server.store)
+    metrics_env = _serve_metrics(config, server.store, config.num_proc)
+    if metrics_env:
+        config = dataclasses.replace(config, extra_env={**config.extra_env, **metrics_env})
     reports: dict[str, HostReport] = {}
     local_interface = None
     if remote_hosts:

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .local import signal_group
+from .local import terminate_groups
 from .output import OutputRelay
 
 
@@ -136,19 +136,7 @@ class Supervisor:
 
     def terminate_all(self) -> None:
         """SIGTERM every worker's process group, SIGKILL what is left after the grace period."""
-        for worker in self.workers:
-            if worker.process.poll() is None:
-                signal_group(worker.process, signal.SIGTERM)
-        deadline = time.monotonic() + self.grace_period_s
-        for worker in self.workers:
-            try:
-                worker.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        for worker in self.workers:  # also reaps children (DataLoader workers) that outlived their rank
-            signal_group(worker.process, signal.SIGKILL)
-            if worker.process.poll() is None:
-                worker.process.wait()
+        terminate_groups([worker.process for worker in self.workers], self.grace_period_s)
 
 
 def report_failure(failure: Failure, workers: Sequence[Worker], stream=None) -> None:

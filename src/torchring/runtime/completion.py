@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch.distributed as dist
+
+from ..metrics.counters import METRICS
 
 
 @dataclass
@@ -97,7 +100,9 @@ class Completer:
             return
         try:
             if launched.work is not None:
+                waited_from = time.perf_counter()
                 launched.work.wait()
+                METRICS.phase("backend", time.perf_counter() - waited_from)
             result = launched.finish()
         except BaseException as error:  # noqa: BLE001 - a failed collective fails the engine, not this thread
             on_done(None, error)

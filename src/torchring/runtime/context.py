@@ -15,7 +15,13 @@ import torch
 import torch.distributed as dist
 
 from .. import config
-from ..environments import ClusterEnvironment, Rendezvous, TorchringLauncherEnvironment, detect_environment
+from ..environments import (
+    ClusterEnvironment,
+    ElasticLauncherEnvironment,
+    Rendezvous,
+    TorchringLauncherEnvironment,
+    detect_environment,
+)
 from ..exceptions import NOT_INITIALIZED_MESSAGE
 from ..store_keys import peer_failure_key
 from .control import ControlChannel
@@ -41,6 +47,8 @@ class Runtime:
     engine: Engine
     generation: int
     dynamic_process_sets: bool
+    #: Publishes this rank's metrics to the launcher (``torchring run --metrics-port``), if asked.
+    metrics_publisher: object | None = None
     #: Groups opened for ``DistributedOptimizer`` lanes, released at shutdown; lanes opened per process set.
     lane_groups: list[DataGroups] = field(default_factory=list)
     lanes_opened: dict[int, int] = field(default_factory=dict)
@@ -233,17 +241,26 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
         _check_tuning_settings()
         _shorten_gil_switch_interval()
         environment = detect_environment()
-        info = environment.rank_info()
-        if not 0 <= info.rank < info.size:
-            raise ValueError(f"rank {info.rank} is outside a job of size {info.size} ({environment.name})")
-        rendezvous = environment.rendezvous()
-        store = _open_store(rendezvous)
         _generation += 1
-        prefix = f"torchring/{_generation}"
+        if isinstance(environment, ElasticLauncherEnvironment):
+            # rank and size come from the elastic launcher's current generation, once all its ranks are in
+            store = _open_store(environment.rendezvous())
+            assignment = environment.join(store)
+            info, prefix = assignment.info, f"torchring/elastic-{assignment.generation}"
+            _generation = max(_generation, assignment.generation + 1)
+            rendezvous = environment.rendezvous()
+        else:
+            info = environment.rank_info()
+            if not 0 <= info.rank < info.size:
+                raise ValueError(f"rank {info.rank} is outside a job of size {info.size} ({environment.name})")
+            rendezvous = environment.rendezvous()
+            store = _open_store(rendezvous)
+            prefix = f"torchring/{_generation}"
+            if info.size > 1:
+                _wait_for_all_ranks(store, prefix, info.rank, info.size)
         timeout = collective_timeout()
         control_group = data_group = None
         if info.size > 1:
-            _wait_for_all_ranks(store, prefix, info.rank, info.size)
             control_group = _gloo_group(dist.PrefixStore(f"{prefix}/control", store), info.rank, info.size,
                                         timeout, threads=1)
             data_group = dist.ProcessGroupGloo(dist.PrefixStore(f"{prefix}/data", store), info.rank,
@@ -269,7 +286,7 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
             engine.timeline = timeline
         engine.start()
         _runtime = Runtime(environment, topology, store, control_group, table, engine, _generation,
-                           dynamic_process_sets)
+                           dynamic_process_sets, _start_metrics(store, topology))
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True
@@ -301,6 +318,22 @@ def open_lane_groups(process_set: int) -> DataGroups:
     return groups
 
 
+def _start_metrics(store: dist.Store, topology: Topology) -> object | None:
+    """Publish metrics to the launcher (``TORCHRING_METRICS_PUBLISH=1``) or serve them on
+    ``TORCHRING_METRICS_PORT`` + local rank; nothing when neither is set."""
+    publish = config.bool_setting("METRICS_PUBLISH", False)
+    port = config.setting("METRICS_PORT")
+    if not publish and not port:
+        return None
+    from ..metrics.exporter import start_rank_metrics
+
+    try:
+        port_number = int(port) if port else None
+    except ValueError:
+        raise ValueError(f"TORCHRING_METRICS_PORT must be a port number, got {port!r}") from None
+    return start_rank_metrics(store, topology.rank, topology.local_rank, publish, port_number)
+
+
 def shutdown() -> None:
     """Stop the engine on every rank and release the process groups. Safe to call more than once."""
     global _runtime
@@ -308,6 +341,8 @@ def shutdown() -> None:
         runtime, _runtime = _runtime, None
     if runtime is None:
         return
+    if runtime.metrics_publisher is not None:
+        runtime.metrics_publisher.stop()  # type: ignore[attr-defined]
     runtime.engine.shutdown(timeout=collective_timeout().total_seconds() + 5)
     for groups in [*runtime.lane_groups, *runtime.process_sets.all_groups()]:
         groups.shutdown()

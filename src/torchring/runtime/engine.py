@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..exceptions import HorovodInternalError, TensorMismatchError
+from ..metrics.counters import METRICS
 from .completion import Completer, Launched
 from .control import ControlChannel
 from .executor import Executor
@@ -207,8 +208,10 @@ class Engine:
                     raise self._failure
                 cached, misses = self.response_cache.encode([r.meta for r in new_requests])
                 announcement = Announcement(misses, shutting_down, self._woken_epoch, self._stall_abort, cached)
+                negotiation_started = time.perf_counter()
                 announcements = self._exchange(announcement)
                 responses = self._negotiate(announcements)
+                METRICS.phase("negotiation", time.perf_counter() - negotiation_started)
                 for batch in plan_batches(responses, self._settings.fusion_threshold):
                     if len(batch) == 1:
                         self._perform(batch[0])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from ..metrics.counters import METRICS
 from ..reduction import ReduceOp
 from .completion import Launched
 from .negotiation import Response
@@ -151,7 +153,10 @@ class Executor:
         names = [response.name for response in batch]
         try:
             self._activity(timeline, names, "MEMCPY_IN_FUSION_BUFFER")
+            copy_started = time.perf_counter()
             torch.cat([buffer.reshape(-1) for buffer in buffers], out=fused)
+            METRICS.phase("fusion_copy", time.perf_counter() - copy_started)
+            METRICS.fused_buffers += 1
             self._activity(timeline, names, backend_activity)
             size = len(first.members)
             group = self.process_sets.groups(first.process_set).for_device(first.template.device, size)
@@ -164,8 +169,10 @@ class Executor:
             try:
                 reduction.finish()
                 self._activity(timeline, names, "MEMCPY_OUT_FUSION_BUFFER")
+                copy_started = time.perf_counter()
                 for buffer, part in zip(buffers, fused.split(sizes), strict=True):
                     buffer.reshape(-1).copy_(part)
+                METRICS.phase("fusion_copy", time.perf_counter() - copy_started)
                 for name in names:
                     timeline.activity_end(name)
             finally:
@@ -210,6 +217,7 @@ class Executor:
                       size: int) -> Launched:
         """Prescale and start the allreduce of ``buffer``; finishing averages and postscales it in place."""
         op = ReduceOp(meta.reduce_op)
+        METRICS.reduced(buffer.numel() * buffer.element_size())
         _scale(buffer, meta.prescale_factor)
         wide_dtype = _REDUCE_AS.get(buffer.dtype) if group is not None else None
         wire = buffer.to(wide_dtype) if wide_dtype is not None else buffer

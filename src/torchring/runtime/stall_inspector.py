@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 
+from ..metrics.counters import METRICS
 from .negotiation import Negotiator, PendingEntry, RequestKey
 
 logger = logging.getLogger("torchring")
@@ -53,6 +54,7 @@ class StallInspector:
         if stalled:
             for _, entry in stalled:
                 entry.stall_reported_at = now
+            METRICS.stalls += 1
             logger.warning(
                 "One or more tensors were submitted to be reduced, gathered or broadcasted by a subset of "
                 "ranks and have been waiting for more than %.0f seconds. This may indicate that different "

@@ -123,6 +123,17 @@ class TimelineWriter:
             self._states[name] = _IDLE
             self._done()
 
+    def lane_waits(self, name: str, waits_ms: Sequence[float]) -> None:
+        """How long each rank waited for the previous step's first bucket on a gradient lane: a
+        ``LANE_WAIT`` instant with ``waits_ms`` (index = rank); the rank that waited least is the one
+        the others waited for."""
+        with self._lock:
+            if self._closed:
+                return
+            self._tensor_event(name, "i", "LANE_WAIT", scope="p",
+                               args={"waits_ms": [round(float(w), 3) for w in waits_ms]})
+            self._done()
+
     # ---- execution --------------------------------------------------------------------------------
 
     def op_start(self, name: str, op: str) -> None:
@@ -254,7 +265,7 @@ class TimelineWriter:
         return pid
 
     def _tensor_event(self, name: str, phase: str, label: str | None = None, scope: str | None = None,
-                      args: dict[str, str] | None = None) -> None:
+                      args: dict[str, object] | None = None) -> None:
         event: dict[str, object] = {} if label is None else {"name": label}
         event["ph"] = phase
         if scope is not None:
@@ -332,6 +343,9 @@ class NullTimeline:
         """Do nothing."""
 
     def negotiate_end(self, name: str) -> None:
+        """Do nothing."""
+
+    def lane_waits(self, name: str, waits_ms: Sequence[float]) -> None:
         """Do nothing."""
 
     def op_start(self, name: str, op: str) -> None:

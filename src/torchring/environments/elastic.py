@@ -1,0 +1,107 @@
+"""Workers started by an elastic ``torchring run`` (``--min-np``/``--max-np``): rank and size are not
+fixed at start but handed out by the launcher, through the store, for each generation of the job.
+
+At every ``hvd.init()`` (the first, and each one after an elastic reset) the worker waits for a
+generation newer than the last one it joined that assigns it a place, announces itself, and waits
+until every rank of that generation has arrived. If the launcher publishes a newer generation
+meanwhile (another worker failed or a host came), it moves on to that one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from ..store_keys import ELASTIC_GENERATION_KEY, elastic_arrived_key, elastic_assignment_key
+from .base import ClusterEnvironment, LaunchEnvironmentError, RankInfo, Rendezvous
+
+_POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """A worker's place in one generation."""
+
+    generation: int
+    info: RankInfo
+
+
+def format_assignment(info: RankInfo) -> str:
+    """How the launcher writes a worker's place."""
+    return (f"{info.rank} {info.size} {info.local_rank} {info.local_size} {info.cross_rank} {info.cross_size} "
+            f"{info.hostname}")
+
+
+def parse_assignment(text: str) -> RankInfo:
+    rank, size, local_rank, local_size, cross_rank, cross_size, hostname = text.split(" ", 6)
+    return RankInfo(int(rank), int(size), int(local_rank), int(local_size), int(cross_rank), int(cross_size),
+                    hostname)
+
+
+class ElasticLauncherEnvironment(ClusterEnvironment):
+    """``TORCHRING_ELASTIC=1`` and ``TORCHRING_WORKER_ID``: ranks come from the launcher, per generation."""
+
+    name = "torchring elastic launcher"
+    #: The last generation this process joined (a process joins each generation at most once).
+    joined_generation = -1
+
+    @classmethod
+    def detect(cls, env: Mapping[str, str]) -> bool:
+        return env.get("TORCHRING_ELASTIC") == "1" and bool(env.get("TORCHRING_WORKER_ID"))
+
+    @property
+    def worker_id(self) -> str:
+        return self.env["TORCHRING_WORKER_ID"]
+
+    def rank_info(self) -> RankInfo:
+        raise LaunchEnvironmentError("an elastic worker learns its rank from the launcher at init (join())")
+
+    def rendezvous(self) -> Rendezvous:
+        host, port = self.store_address()
+        return Rendezvous(host, port)
+
+    def timeout_s(self) -> float:
+        raw = self.env.get("TORCHRING_ELASTIC_TIMEOUT")
+        return float(raw) if raw else 600.0
+
+    def join(self, store: dist.Store) -> Assignment:
+        """Wait for this worker's place in a new generation and for every rank of it to arrive."""
+        deadline = time.monotonic() + self.timeout_s()
+        while True:
+            generation = _current_generation(store)
+            key = elastic_assignment_key(generation, self.worker_id)
+            if generation > ElasticLauncherEnvironment.joined_generation and store.check([key]):
+                info = parse_assignment(store.get(key).decode())
+                store.set(elastic_arrived_key(generation, info.rank), "1")
+                if _wait_for_generation(store, generation, info.size, deadline):
+                    ElasticLauncherEnvironment.joined_generation = generation
+                    return Assignment(generation, info)
+                continue  # superseded by a newer generation: join that one
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"elastic worker {self.worker_id}: the launcher assigned no place in a new generation within "
+                    f"{self.timeout_s():.0f} s (TORCHRING_ELASTIC_TIMEOUT); the job has too few workers left")
+            time.sleep(_POLL_S)
+
+
+def _current_generation(store: dist.Store) -> int:
+    if not store.check([ELASTIC_GENERATION_KEY]):
+        return -1
+    return int(store.get(ELASTIC_GENERATION_KEY).decode())
+
+
+def _wait_for_generation(store: dist.Store, generation: int, size: int, deadline: float) -> bool:
+    """True once every rank of ``generation`` has arrived; False when a newer generation replaced it."""
+    keys = [elastic_arrived_key(generation, rank) for rank in range(size)]
+    while True:
+        if store.check(keys):
+            return True
+        if _current_generation(store) > generation:
+            return False
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"generation {generation} of the elastic job never completed: not every worker "
+                               "arrived within the elastic timeout")
+        time.sleep(_POLL_S)

@@ -1,0 +1,333 @@
+"""Elastic ``torchring run`` (``--min-np``/``--max-np``/``--host-discovery-script``): keep a job running
+while hosts come and go.
+
+The driver owns the job's membership. It starts workers on free slots of the hosts discovery reports
+(a fixed ``-H`` pool or a script polled about every second, minus blacklisted hosts) and publishes
+*generations* in the store: for each one, every worker's rank, size and local/cross place
+(``environments.elastic`` is the worker's side). When a worker fails, its host is blacklisted (for a
+cool-down when ``--blacklist-cooldown-range`` is given); the survivors' collectives fail, they roll
+back to their last commit and join the next generation, in which replacement workers may take free
+slots. When discovery adds hosts, new workers start there, the host-set version is bumped, and the
+running workers join them at their next ``commit()``. Below ``--min-np`` the driver waits up to
+``--elastic-timeout`` for hosts, then ends every worker with an error. Every membership change is
+logged with the time, the old and new size and the reason; ``--reset-limit`` bounds the resets.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..compat import SHIM_PATH
+from ..environments.base import RankInfo
+from ..environments.elastic import format_assignment
+from ..store_keys import ELASTIC_GENERATION_KEY, HOSTS_VERSION_KEY, elastic_assignment_key
+from .discovery import Blacklist, HostDiscovery
+from .hosts import is_local_host
+from .local import spawn_local, terminate_groups
+from .output import OutputRelay
+from .rendezvous import RendezvousServer
+from .ssh import HostReport, SshOptions, probe_host, send_spec, spawn_remote
+from .supervisor import describe_returncode
+from .worker_env import forwarded_environment
+
+
+@dataclass(frozen=True)
+class ElasticSettings:
+    """The elastic flags."""
+
+    min_np: int
+    max_np: int
+    reset_limit: int | None = None
+    elastic_timeout_s: float = 600.0
+    cooldown_range_s: tuple[float, float] | None = None
+    discovery_interval_s: float = 1.0
+
+
+@dataclass
+class ElasticWorker:
+    """One worker process; it keeps its id and host while its rank changes from generation to generation."""
+
+    worker_id: str
+    host: str
+    slot: int
+    process: subprocess.Popen
+    relays: tuple[OutputRelay, OutputRelay]
+    remote: bool
+    returncode: int | None = None
+    #: Set when the driver ended it (its host left the pool): not counted as a failure.
+    removed: bool = False
+
+    @property
+    def alive(self) -> bool:
+        return self.returncode is None
+
+
+@dataclass
+class _Change:
+    reasons: list[str] = field(default_factory=list)
+    removed_only: bool = True
+
+    def add(self, reason: str, removal: bool) -> None:
+        self.reasons.append(reason)
+        self.removed_only = self.removed_only and removal
+
+
+def assign_generation(workers: list[ElasticWorker], host_order: list[str]) -> dict[str, RankInfo]:
+    """Ranks host by host (in discovery order), then by slot; local and cross ranks as Horovod defines them."""
+    position = {host: index for index, host in enumerate(host_order)}
+    ordered = sorted(workers, key=lambda w: (position.get(w.host, len(position)), w.host, w.slot))
+    local_index: dict[str, int] = {}
+    placed = []
+    for worker in ordered:
+        local_index[worker.host] = local_index.get(worker.host, -1) + 1
+        placed.append((worker, local_index[worker.host]))
+    local_sizes = {host: count + 1 for host, count in local_index.items()}
+    result = {}
+    for rank, (worker, local_rank) in enumerate(placed):
+        peers = [w.host for w, lr in placed if lr == local_rank]
+        result[worker.worker_id] = RankInfo(rank, len(placed), local_rank, local_sizes[worker.host],
+                                            peers.index(worker.host), len(peers), worker.host)
+    return result
+
+
+class ElasticDriver:
+    """Runs an elastic job to its end; ``run()`` returns the exit code."""
+
+    def __init__(self, command: list[str], settings: ElasticSettings, discovery: HostDiscovery,
+                 make_env: Callable[[bool], dict[str, str]], ssh_options: SshOptions, port: int = 0,
+                 horovod_compat: bool = False, log: Callable[[str], None] | None = None) -> None:
+        self.command = command
+        self.settings = settings
+        self.discovery = discovery
+        self.make_env = make_env
+        self.ssh_options = ssh_options
+        self.horovod_compat = horovod_compat
+        self.log = log or (lambda message: print(f"torchring run: {message}", file=sys.stderr, flush=True))
+        self.server = RendezvousServer("127.0.0.1", port)
+        self.blacklist = Blacklist(settings.cooldown_range_s)
+        self.workers: list[ElasticWorker] = []
+        self.generation = -1
+        self.hosts_version = 0
+        self.resets = 0
+        self._reports: dict[str, HostReport] = {}
+        self._next_worker = 0
+        self._stop_signal: int | None = None
+        self._host_order: list[str] = []
+        self._slots: dict[str, int] = {}
+        #: Size of the last generation published.
+        self._published_size = 0
+
+    # ---- the loop -------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        previous = {sig: signal.signal(sig, self._on_signal)
+                    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        try:
+            return self._loop()
+        finally:
+            self._terminate(self.live)
+            for worker in self.workers:
+                for relay in worker.relays:
+                    relay.join(timeout=5)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self.server.close()
+
+    @property
+    def live(self) -> list[ElasticWorker]:
+        return [w for w in self.workers if w.alive]
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self._stop_signal = signum
+
+    def _loop(self) -> int:
+        below_min_since: float | None = None
+        next_discovery = 0.0
+        available: dict[str, int] = {}
+        finished = False
+        while True:
+            if self._stop_signal is not None:
+                self.log(f"received {signal.Signals(self._stop_signal).name}; stopping every worker")
+                return 128 + self._stop_signal
+            change = self._reap()
+            if any(w.returncode == 0 for w in self.workers):
+                finished = True  # training is over: no more rescaling, let the others end
+            if finished:
+                if not self.live:
+                    return self._final_code()
+                time.sleep(0.1)
+                continue
+            now = time.monotonic()
+            if now >= next_discovery:
+                available = self._available_hosts()
+                next_discovery = now + self.settings.discovery_interval_s
+            available = {host: slots for host, slots in available.items() if not self.blacklist.blocks(host)}
+            for worker in self.live:
+                if worker.host not in available:
+                    worker.removed = True
+                    self._terminate([worker])
+                    change.add(f"worker {worker.worker_id} on {worker.host} stopped (host left the pool)", True)
+            free = self._free_slots(available)
+            target = min(self.settings.max_np, len(self.live) + len(free))
+            wants_growth = target > len(self.live)
+            if change.reasons or wants_growth or self.generation < 0 or below_min_since is not None:
+                if target < self.settings.min_np:
+                    below_min_since = below_min_since or now
+                    waited = now - below_min_since
+                    if waited > self.settings.elastic_timeout_s:
+                        self.log(f"only {target} worker slot(s) available, fewer than --min-np "
+                                 f"{self.settings.min_np}, for {waited:.0f} s (--elastic-timeout); ending the job")
+                        return 1
+                    if change.reasons:
+                        self.log(f"{'; '.join(change.reasons)}; waiting up to "
+                                 f"{self.settings.elastic_timeout_s:g} s for hosts (need {self.settings.min_np})")
+                    time.sleep(0.2)
+                    continue
+                below_min_since = None
+                old_size = self._published_size
+                for host, slot in free[:target - len(self.live)]:
+                    self._start_worker(host, slot)
+                    change.add(f"worker started on {host}", False)
+                code = self._publish(old_size, change)
+                if code is not None:
+                    return code
+            time.sleep(0.2)
+
+    # ---- membership -----------------------------------------------------------------------------
+
+    def _reap(self) -> _Change:
+        change = _Change()
+        for worker in self.live:
+            returncode = worker.process.poll()
+            if returncode is None:
+                continue
+            worker.returncode = returncode
+            if returncode == 0 or worker.removed:
+                continue
+            cooldown = self.blacklist.add(worker.host)
+            until = "for good" if cooldown is None else f"for {cooldown:.0f} s"
+            tail = worker.relays[1].tail
+            last = f"; last stderr: {tail[-1].strip()}" if tail else ""
+            change.add(f"worker {worker.worker_id} on {worker.host} {describe_returncode(returncode, worker.remote)}"
+                       f"{last}; {worker.host} blacklisted {until}", True)
+        return change
+
+    def _available_hosts(self) -> dict[str, int]:
+        found = self.discovery.find()
+        if self.discovery.last_error:
+            self.log(f"warning: {self.discovery.last_error}; using the last hosts found")
+        available = {}
+        for host, slots in found.items():
+            if self.blacklist.blocks(host):
+                continue
+            if not is_local_host(host) and not self._reachable(host):
+                continue
+            available[host] = slots
+        self._host_order = list(found)
+        self._slots = dict(found)
+        return available
+
+    def _reachable(self, host: str) -> bool:
+        """Preflight a remote host the first time it appears; a failing host is blacklisted."""
+        report = self._reports.get(host)
+        if report is None:
+            report = probe_host(host, self.server.port, "", self.ssh_options)
+            problem = report.error or (None if report.store_reachable else
+                                       f"cannot reach the rendezvous store ({report.store_error})")
+            if problem:
+                cooldown = self.blacklist.add(host)
+                self.log(f"host {host} is unusable: {problem}; blacklisted "
+                         f"{'for good' if cooldown is None else f'for {cooldown:.0f} s'}")
+                return False
+            self._reports[host] = report
+        return True
+
+    def _free_slots(self, available: dict[str, int]) -> list[tuple[str, int]]:
+        used = {(w.host, w.slot) for w in self.live}
+        return [(host, slot) for host, slots in available.items() for slot in range(slots) if (host, slot) not in used]
+
+    def _publish(self, old_size: int, change: _Change) -> int | None:
+        """Write the next generation's assignments, then announce it; None to keep going, else an exit code."""
+        live = self.live
+        self.generation += 1
+        assignments = assign_generation(live, self._host_order)
+        store = self.server.store
+        for worker_id, info in assignments.items():
+            store.set(elastic_assignment_key(self.generation, worker_id), format_assignment(info))
+        store.set(ELASTIC_GENERATION_KEY, str(self.generation))
+        self._published_size = len(live)
+        stamp = time.strftime("%H:%M:%S")
+        if self.generation == 0:
+            self.log(f"[{stamp}] elastic job started with {len(live)} workers on "
+                     f"{', '.join(dict.fromkeys(w.host for w in live))}")
+            return None
+        self.hosts_version += 1
+        store.set(HOSTS_VERSION_KEY, f"{self.hosts_version} {'removed' if change.removed_only else 'added'}")
+        self.resets += 1
+        self.log(f"[{stamp}] membership changed: {old_size} -> {len(live)} workers ({'; '.join(change.reasons)}); "
+                 f"generation {self.generation}, reset {self.resets}")
+        if self.settings.reset_limit is not None and self.resets > self.settings.reset_limit:
+            self.log(f"more than --reset-limit {self.settings.reset_limit} resets; ending the job")
+            return 1
+        return None
+
+    # ---- workers --------------------------------------------------------------------------------
+
+    def _start_worker(self, host: str, slot: int) -> None:
+        worker_id = f"w{self._next_worker}"
+        self._next_worker += 1
+        remote = not is_local_host(host)
+        env = self.make_env(remote)
+        report = self._reports.get(host)
+        address = report.launcher_address if (remote and report and report.launcher_address) else "127.0.0.1"
+        env.update(TORCHRING_ELASTIC="1", TORCHRING_WORKER_ID=worker_id, TORCHRING_HOSTNAME=host,
+                   TORCHRING_STORE_ADDR=address, TORCHRING_STORE_PORT=str(self.server.port), MASTER_ADDR=address,
+                   MASTER_PORT=str(self.server.port), TORCHRING_ELASTIC_TIMEOUT=str(self.settings.elastic_timeout_s))
+        if self.settings.reset_limit is not None:
+            env["TORCHRING_RESET_LIMIT"] = str(self.settings.reset_limit)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        cpus = (report.cpus if remote and report else os.cpu_count()) or 1
+        env.setdefault("OMP_NUM_THREADS", str(max(1, cpus // max(1, self._slots.get(host, 1)))))
+        if remote:
+            if report is not None and report.interface:
+                env.setdefault("GLOO_SOCKET_IFNAME", report.interface)
+            process = spawn_remote(host, self.ssh_options.python, self.ssh_options)
+            send_spec(process, self.command, env, os.getcwd(), self.horovod_compat)
+        else:
+            if self.horovod_compat:
+                env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SHIM_PATH), env.get("PYTHONPATH")) if p)
+            process = spawn_local(self.command, env)
+        assert process.stdout is not None and process.stderr is not None
+        relays = (OutputRelay(worker_id, "stdout", process.stdout, sys.stdout.buffer),
+                  OutputRelay(worker_id, "stderr", process.stderr, sys.stderr.buffer))
+        for relay in relays:
+            relay.start()
+        self.workers.append(ElasticWorker(worker_id, host, slot, process, relays, remote))
+
+    def _terminate(self, workers: list[ElasticWorker], grace_s: float = 5.0) -> None:
+        terminate_groups([worker.process for worker in workers], grace_s)
+
+    def _final_code(self) -> int:
+        succeeded = [w for w in self.workers if w.returncode == 0]
+        self.log(f"elastic job finished: {len(succeeded)} worker(s) completed training; "
+                 f"{self.resets} reset(s), {len(self.workers)} worker(s) started in all")
+        return 0
+
+
+def environment_factory(base: dict[str, str], forward_names: list[str],
+                        extra: dict[str, str]) -> Callable[[bool], dict[str, str]]:
+    """The environment a worker starts with: all of ``base`` for a local one, the forwarded set for a remote
+    one; ``extra`` (``--env``) for both."""
+
+    def make(remote: bool) -> dict[str, str]:
+        env = forwarded_environment(base, forward_names, {}) if remote else dict(base)
+        env.update(extra)
+        return env
+
+    return make

@@ -1,0 +1,139 @@
+"""Elastic jobs on the namespace cluster: a host lost mid-epoch, a host added, too few hosts left, a
+worker that fails at start-up. A discovery script reads a file the tests edit."""
+
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = Path(__file__).resolve().parent / "scripts" / "elastic_train.py"
+SAMPLES = 240
+
+
+def start(cluster, tmp_path, hosts, *flags, env=None):
+    pool = tmp_path / "hosts.txt"
+    pool.write_text("".join(f"{host}\n" for host in hosts))
+    log = tmp_path / "committed.jsonl"
+    command = [sys.executable, "-m", "torchring.cli", "run", "--host-discovery-script", f"cat {pool}",
+               "--slots-per-host", "1", *flags, "-x", "ELASTIC_LOG", "-x", "ELASTIC_STEP_SLEEP", "-x", "FAIL_ON_HOST",
+               sys.executable, str(SCRIPT)]
+    job_env = cluster.env({**os.environ, "ELASTIC_LOG": str(log), "ELASTIC_STEP_SLEEP": "0.08", **(env or {})})
+    process = subprocess.Popen(command, cwd=ROOT, env=job_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    return process, pool, log
+
+
+def wait_for_progress(process, count, lines):
+    """Read rank 0's output until ``count`` progress lines went by."""
+    seen = 0
+    deadline = time.monotonic() + 120
+    while seen < count and time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        seen += "progress epoch" in line
+    assert seen >= count, "".join(lines[-20:])
+
+
+def finish(process, lines, timeout=240):
+    out, err = process.communicate(timeout=timeout)
+    return "".join(lines) + out, err
+
+
+def final_checksums(stdout):
+    return {int(rank): (int(size), checksum)
+            for rank, size, checksum in re.findall(r"final rank (\d+) size (\d+) checksum (\S+)", stdout)}
+
+
+def assert_every_sample_once_per_epoch(log, max_size):
+    epochs = collections.defaultdict(list)
+    for line in log.read_text().splitlines():
+        entry = json.loads(line)
+        epochs[entry["epoch"]].extend(entry["indices"])
+    assert sorted(epochs) == [0, 1, 2]
+    for epoch, indices in epochs.items():
+        counts = collections.Counter(indices)
+        assert set(counts) == set(range(SAMPLES)), f"epoch {epoch} skipped {set(range(SAMPLES)) - set(counts)}"
+        repeated = sum(count - 1 for count in counts.values())
+        # only the padding a re-partition adds at the end of an epoch (at most size - 1 per partition)
+        assert repeated <= 3 * (max_size - 1), f"epoch {epoch}: {repeated} samples processed twice"
+
+
+def assert_hosts_empty(cluster):
+    for host in cluster.hosts:
+        assert cluster.wait_until_empty(host, timeout=15) == [], f"processes left on {host.name}"
+
+
+def test_losing_a_host_mid_epoch_finishes_on_the_others(cluster, tmp_path):
+    process, _, log = start(cluster, tmp_path, ["h1", "h2", "h3"], "--min-np", "2", "--max-np", "3")
+    lines = []
+    wait_for_progress(process, 8, lines)
+    cluster.kill_all_in("h3")
+    stdout, stderr = finish(process, lines)
+    assert process.returncode == 0, stderr[-3000:]
+    assert re.search(r"membership changed: 3 -> 2 workers \(worker w2 on h3 .*h3 blacklisted for good", stderr), stderr
+    checksums = final_checksums(stdout)
+    assert sorted(checksums) == [0, 1] and len({c for _, c in checksums.values()}) == 1
+    assert all(size == 2 for size, _ in checksums.values())
+    assert_every_sample_once_per_epoch(log, 3)
+    assert_hosts_empty(cluster)
+
+
+def test_an_added_host_grows_the_job(cluster, tmp_path):
+    process, pool, log = start(cluster, tmp_path, ["h1", "h2"], "--min-np", "2", "--max-np", "3")
+    lines = []
+    wait_for_progress(process, 5, lines)
+    pool.write_text("h1\nh2\nh3\n")
+    stdout, stderr = finish(process, lines)
+    assert process.returncode == 0, stderr[-3000:]
+    assert re.search(r"membership changed: 2 -> 3 workers \(worker started on h3\)", stderr), stderr
+    checksums = final_checksums(stdout)
+    assert sorted(checksums) == [0, 1, 2] and len({c for _, c in checksums.values()}) == 1
+    assert_every_sample_once_per_epoch(log, 3)
+    assert_hosts_empty(cluster)
+
+
+def test_too_few_hosts_left_ends_the_job_after_the_elastic_timeout(cluster, tmp_path):
+    process, _, _ = start(cluster, tmp_path, ["h1", "h2", "h3"], "--min-np", "2", "--max-np", "3",
+                          "--elastic-timeout", "5")
+    lines = []
+    wait_for_progress(process, 4, lines)
+    cluster.kill_all_in("h2")
+    cluster.kill_all_in("h3")
+    start_wait = time.monotonic()
+    _, stderr = finish(process, lines, timeout=120)
+    assert process.returncode != 0
+    assert time.monotonic() - start_wait < 60
+    assert "fewer than --min-np 2" in stderr and "(--elastic-timeout); ending the job" in stderr, stderr[-3000:]
+    assert_hosts_empty(cluster)
+
+
+def test_a_worker_failing_at_start_up_is_blacklisted(cluster, tmp_path):
+    process, _, log = start(cluster, tmp_path, ["h1", "h2", "h3"], "--min-np", "2", "--max-np", "3",
+                            env={"FAIL_ON_HOST": "h2", "ELASTIC_STEP_SLEEP": "0.02"})
+    stdout, stderr = finish(process, [])
+    assert process.returncode == 0, stderr[-3000:]
+    assert re.search(r"worker w1 on h2 exited with code 3; last stderr: failing on purpose on h2; h2 blacklisted",
+                     stderr), stderr[-3000:]
+    checksums = final_checksums(stdout)
+    assert sorted(checksums) == [0, 1] and len({c for _, c in checksums.values()}) == 1
+    assert_every_sample_once_per_epoch(log, 3)
+    assert_hosts_empty(cluster)
+
+
+def test_reset_limit_ends_the_job(cluster, tmp_path):
+    process, _, _ = start(cluster, tmp_path, ["h1", "h2", "h3"], "--min-np", "2", "--max-np", "3",
+                          "--reset-limit", "0")
+    lines = []
+    wait_for_progress(process, 4, lines)
+    cluster.kill_all_in("h3")
+    _, stderr = finish(process, lines, timeout=120)
+    assert process.returncode == 1
+    assert "more than --reset-limit 0 resets; ending the job" in stderr, stderr[-3000:]
+    assert_hosts_empty(cluster)

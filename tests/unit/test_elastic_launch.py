@@ -1,0 +1,86 @@
+"""The elastic launcher's pieces that need no job: discovery output, the blacklist, rank assignment,
+and the elastic flags."""
+
+import argparse
+import subprocess
+
+import pytest
+
+from torchring.environments.elastic import format_assignment, parse_assignment
+from torchring.launch.discovery import Blacklist, HostDiscovery, parse_discovery_output
+from torchring.launch.elastic_driver import ElasticWorker, assign_generation
+from torchring.launch.hosts import HostSpecError
+from torchring.launch.run import add_run_arguments, config_from_args
+
+
+def test_discovery_output_with_and_without_slots():
+    assert parse_discovery_output("a:4\n\n b \nc:2\n", slots_per_host=3) == {"a": 4, "b": 3, "c": 2}
+    assert parse_discovery_output("a\n", slots_per_host=None) == {"a": 1}
+    with pytest.raises(HostSpecError):
+        parse_discovery_output("a:x\n", None)
+
+
+def test_discovery_script_failure_keeps_the_last_good_answer(tmp_path):
+    pool = tmp_path / "hosts"
+    pool.write_text("a:2\nb\n")
+    discovery = HostDiscovery(script=f"cat {pool}", slots_per_host=2)
+    assert discovery.find() == {"a": 2, "b": 2} and discovery.last_error == ""
+    pool.unlink()
+    assert discovery.find() == {"a": 2, "b": 2}
+    assert "exited with 1" in discovery.last_error and "No such file" in discovery.last_error
+    assert HostDiscovery(fixed=[]).find() == {}
+
+
+def test_blacklist_for_good_and_with_cooldown():
+    now = [100.0]
+    forever = Blacklist(clock=lambda: now[0])
+    assert forever.add("a") is None and forever.blocks("a") and not forever.blocks("b")
+    timed = Blacklist(cooldown_range_s=(5.0, 10.0), clock=lambda: now[0])
+    seconds = timed.add("a")
+    assert 5.0 <= seconds <= 10.0 and timed.blocks("a")
+    now[0] += seconds
+    assert not timed.blocks("a")
+
+
+def worker(worker_id, host, slot):
+    return ElasticWorker(worker_id, host, slot, process=subprocess.Popen(["true"]), relays=(None, None), remote=True)
+
+
+def test_ranks_follow_host_order_then_slot():
+    workers = [worker("w5", "b", 1), worker("w0", "a", 0), worker("w3", "b", 0), worker("w9", "c", 0)]
+    assignments = assign_generation(workers, ["a", "b", "c"])
+    summary = {wid: (i.rank, i.size, i.local_rank, i.local_size, i.cross_rank, i.cross_size, i.hostname)
+               for wid, i in assignments.items()}
+    assert summary == {"w0": (0, 4, 0, 1, 0, 3, "a"), "w3": (1, 4, 0, 2, 1, 3, "b"), "w5": (2, 4, 1, 2, 0, 1, "b"),
+                       "w9": (3, 4, 0, 1, 2, 3, "c")}
+    for info in assignments.values():
+        assert parse_assignment(format_assignment(info)) == info
+
+
+def elastic_config(*argv):
+    parser = argparse.ArgumentParser()
+    add_run_arguments(parser)
+    return config_from_args(parser.parse_args([*argv, "python", "train.py"]))
+
+
+def test_elastic_flags():
+    config = elastic_config("-np", "3", "--min-np", "2", "--max-np", "4", "-H", "a:2,b:2", "--reset-limit", "5",
+                            "--blacklist-cooldown-range", "10", "20", "--elastic-timeout", "60")
+    assert config.elastic.min_np == 2 and config.elastic.max_np == 4 and config.elastic.reset_limit == 5
+    assert config.elastic.cooldown_range_s == (10.0, 20.0) and config.elastic.elastic_timeout_s == 60.0
+    discovered = elastic_config("--min-np", "2", "--host-discovery-script", "./hosts.sh", "--slots-per-host", "4")
+    assert discovered.elastic.max_np >= 1 << 20 and discovered.discovery_script == "./hosts.sh"
+    assert discovered.slots_per_host == 4 and discovered.hosts == []
+    assert elastic_config("-np", "2").elastic is None
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--min-np", "3", "--max-np", "2"], "--max-np 2 is smaller than --min-np 3"),
+    (["-np", "5", "--min-np", "2", "--max-np", "4"], "-np 5 must lie between"),
+    (["--host-discovery-script", "x", "-H", "a:1", "--min-np", "1"], "exclude each other"),
+    (["--min-np", "1", "--blacklist-cooldown-range", "5", "1"], "MIN <= MAX"),
+    (["--host-discovery-script", "x"], "needs --min-np or -np"),
+])
+def test_bad_elastic_flags(argv, message):
+    with pytest.raises(ValueError, match=message):
+        elastic_config(*argv)

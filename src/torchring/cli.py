@@ -1,4 +1,4 @@
-"""The ``torchring`` command: ``run``, ``bench``, ``doctor``, ``timeline`` and ``--version``."""
+"""The ``torchring`` command: ``run``, ``bench``, ``doctor``, ``timeline``, ``k8s`` and ``--version``."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from .bench.cli import BenchJobError, BenchUsageError, add_bench_arguments, run_bench
+from .deploy.k8s_cli import add_k8s_arguments, run_k8s
 from .diagnostics.doctor_cli import add_doctor_arguments, run_doctor
 from .diagnostics.timeline_cli import add_timeline_arguments, run_timeline
 from .launch.check_build import check_build_report
@@ -31,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     timeline = commands.add_parser("timeline", help="analyse a timeline file",
                                    description="Analyse a timeline written with --timeline-filename/HOROVOD_TIMELINE.")
     add_timeline_arguments(timeline)
+    k8s = commands.add_parser("k8s", help="print Kubernetes manifests for a training job",
+                              description="Print an Indexed Job + headless Service, or a Kubeflow PyTorchJob.")
+    add_k8s_arguments(k8s)
     bench = commands.add_parser("bench", help="benchmark collectives and training (starts its own ranks)",
                                 description="Benchmark torchring against raw torch.distributed, DDP and Horovod.")
     add_bench_arguments(bench)
@@ -71,6 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_doctor(args)
     if args.subcommand == "timeline":
         return run_timeline(args)
+    if args.subcommand == "k8s":
+        return run_k8s(args)
     if args.check_build:
         print(check_build_report())
         return 0

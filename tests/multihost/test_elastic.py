@@ -5,6 +5,7 @@ import collections
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "elastic_train.py"
 SAMPLES = 240
+EPOCHS = 2
 
 
 def start(cluster, tmp_path, hosts, *flags, env=None):
@@ -20,9 +22,11 @@ def start(cluster, tmp_path, hosts, *flags, env=None):
     pool.write_text("".join(f"{host}\n" for host in hosts))
     log = tmp_path / "committed.jsonl"
     command = [sys.executable, "-m", "torchring.cli", "run", "--host-discovery-script", f"cat {pool}",
-               "--slots-per-host", "1", *flags, "-x", "ELASTIC_LOG", "-x", "ELASTIC_STEP_SLEEP", "-x", "FAIL_ON_HOST",
+               "--slots-per-host", "1", *flags, "-x", "ELASTIC_LOG", "-x", "ELASTIC_STEP_SLEEP", "-x",
+               "ELASTIC_EPOCHS", "-x", "FAIL_ON_HOST",
                sys.executable, str(SCRIPT)]
-    job_env = cluster.env({**os.environ, "ELASTIC_LOG": str(log), "ELASTIC_STEP_SLEEP": "0.08", **(env or {})})
+    job_env = cluster.env({**os.environ, "ELASTIC_LOG": str(log), "ELASTIC_STEP_SLEEP": "0.06",
+                           "ELASTIC_EPOCHS": str(EPOCHS), **(env or {})})
     process = subprocess.Popen(command, cwd=ROOT, env=job_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True)
     return process, pool, log
@@ -56,7 +60,7 @@ def assert_every_sample_once_per_epoch(log, max_size):
     for line in log.read_text().splitlines():
         entry = json.loads(line)
         epochs[entry["epoch"]].extend(entry["indices"])
-    assert sorted(epochs) == [0, 1, 2]
+    assert sorted(epochs) == list(range(EPOCHS))
     for epoch, indices in epochs.items():
         counts = collections.Counter(indices)
         assert set(counts) == set(range(SAMPLES)), f"epoch {epoch} skipped {set(range(SAMPLES)) - set(counts)}"
@@ -136,4 +140,70 @@ def test_reset_limit_ends_the_job(cluster, tmp_path):
     _, stderr = finish(process, lines, timeout=120)
     assert process.returncode == 1
     assert "more than --reset-limit 0 resets; ending the job" in stderr, stderr[-3000:]
+    assert_hosts_empty(cluster)
+
+
+EXAMPLE = ROOT / "examples" / "elastic_mnist.py"
+
+
+def run_example(cluster, tmp_path, hosts, *args, env=None, kill_host_after=None, stop_after=None):
+    """Run examples/elastic_mnist.py elastically on ``hosts``; optionally SIGKILL everything on a host,
+    or SIGTERM the launcher, once rank 0 has printed that many progress lines."""
+    pool = tmp_path / "pool.txt"
+    pool.write_text("".join(f"{host}\n" for host in hosts))
+    command = [sys.executable, "-m", "torchring.cli", "run", "--min-np", "2", "--max-np", str(len(hosts)),
+               "--host-discovery-script", f"cat {pool}", "-x", "TORCHRING_CHECKPOINT_DIR", sys.executable,
+               str(EXAMPLE), *args]
+    process = subprocess.Popen(command, cwd=ROOT, env=cluster.env({**os.environ, **(env or {})}),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    if kill_host_after or stop_after:
+        count = kill_host_after[1] if kill_host_after else stop_after
+        seen = 0
+        while seen < count:
+            line = process.stdout.readline()
+            assert line, "".join(lines[-10:]) + process.stderr.read()[-3000:]
+            lines.append(line)
+            seen += "Train Epoch" in line
+        if kill_host_after:
+            cluster.kill_all_in(kill_host_after[0])
+        else:
+            process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=300)
+    return process.returncode, "".join(lines) + out, err
+
+
+def example_accuracy(stdout):
+    found = re.findall(r"Test set: Accuracy: ([\d.]+) \((\d+) ranks at the end\)", stdout)
+    assert found, stdout[-2000:]
+    return float(found[-1][0]), int(found[-1][1])
+
+
+def test_elastic_mnist_survives_a_lost_host_with_the_accuracy_of_an_undisturbed_run(cluster, tmp_path):
+    code, out, err = run_example(cluster, tmp_path, ["h1", "h2", "h3"], "--epochs", "8")
+    assert code == 0, err[-3000:]
+    undisturbed, size = example_accuracy(out)
+    assert size == 3
+    code, out, err = run_example(cluster, tmp_path, ["h1", "h2", "h3"], "--epochs", "8",
+                                 kill_host_after=("h3", 6))
+    assert code == 0, err[-3000:]
+    disturbed, size = example_accuracy(out)
+    assert size == 2 and "membership changed: 3 -> 2 workers" in err
+    assert abs(disturbed - undisturbed) <= 0.02, (disturbed, undisturbed)
+    assert_hosts_empty(cluster)
+
+
+def test_elastic_mnist_resumes_from_its_last_commit_after_the_whole_job_was_killed(cluster, tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+    env = {"TORCHRING_CHECKPOINT_DIR": str(checkpoints)}
+    code, out, _ = run_example(cluster, tmp_path, ["h1", "h2"], "--epochs", "2", env=env, stop_after=5)
+    assert code != 0 and (checkpoints / "torchring-elastic-state.pt").exists()
+    assert "Test set" not in out
+    assert_hosts_empty(cluster)
+    code, out, err = run_example(cluster, tmp_path, ["h1", "h2"], "--epochs", "2", env=env)
+    assert code == 0, err[-3000:]
+    assert "resuming from the checkpoint" in err
+    first_batch = re.search(r"Train Epoch: (\d+) batch (\d+)", out)
+    assert first_batch and (int(first_batch.group(1)), int(first_batch.group(2))) != (1, 5), out[:500]
+    example_accuracy(out)
     assert_hosts_empty(cluster)

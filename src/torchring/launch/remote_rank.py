@@ -5,8 +5,9 @@ environment and the working directory (so no argument or value ever passes throu
 It then keeps the SSH channel open. The rank runs in a process group of its own, with its output on
 the SSH channel. When the channel closes (the launcher stopped the job, died, or the connection
 dropped) or the launcher writes ``stop``, the whole process group is terminated (SIGTERM, then SIGKILL
-after a grace period). When the rank ends, what it left in its group is killed too, and this process
-exits with the rank's exit code (128 + N for a rank killed by signal N).
+after a grace period). When the rank ends, what it left in its group is killed too, the spec's
+``cleanup`` commands run (``docker stop`` for a rank in a container, which outlives its client), and
+this process exits with the rank's exit code (128 + N for a rank killed by signal N).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import threading
 from typing import Any
 
 GRACE_PERIOD_S = 3.0
+CLEANUP_TIMEOUT_S = 20.0
 #: Exit code when the rank could not be started at all (as a shell reports a missing command).
 CANNOT_START = 127
 
@@ -77,7 +79,18 @@ def main() -> int:
     threading.Thread(target=_stop_when_told, args=(process, stopped), daemon=True).start()
     returncode = process.wait()
     _signal_group(process.pid, signal.SIGKILL)  # whatever the rank left behind (DataLoader workers, ...)
+    _clean_up(spec.get("cleanup") or [], env)
     return 128 + (-returncode) if returncode < 0 else returncode
+
+
+def _clean_up(commands: list[list[str]], env: dict[str, str]) -> None:
+    """Run the spec's clean-up commands (``docker stop`` for a rank in a container), best effort."""
+    for command in commands:
+        try:
+            subprocess.run(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=CLEANUP_TIMEOUT_S, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
 
 
 if __name__ == "__main__":

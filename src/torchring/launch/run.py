@@ -20,6 +20,7 @@ import platform
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ import torch.distributed as dist
 
 from ..compat import SHIM_PATH
 from ..version import __version__
+from .containers import ContainerOptions, container_name, docker_run_argv, stop_argv
 from .discovery import HostDiscovery
 from .elastic_driver import ElasticDriver, ElasticSettings, environment_factory
 from .hosts import HostSlots, SlotAssignment, assign_ranks, is_local_host, parse_hostfile, parse_hosts
@@ -71,6 +73,9 @@ class RunConfig:
     discovery_script: str | None = None
     slots_per_host: int | None = None
     metrics_port: int | None = None
+    #: ``--image``: every rank runs in a container (and its working directory inside it).
+    container: ContainerOptions | None = None
+    container_workdir: str = "/workspace"
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -111,6 +116,15 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     elastic.add_argument("--elastic-timeout", type=float, default=600.0,
                          help="seconds to wait for enough hosts before giving up (default 600)")
     parser.add_argument("--output-filename", help="also write each rank's output to DIR/rank.N/stdout and stderr")
+    containers = parser.add_argument_group("containers (each rank in `docker run` on its host)")
+    containers.add_argument("--image", help="run every rank in a container of this image (--gpus all, --ipc=host, "
+                                            "--network host, memlock unlimited)")
+    containers.add_argument("--image-shm-size", help="give containers this /dev/shm size instead of --ipc=host")
+    containers.add_argument("--image-volume", action="append", default=[], metavar="SRC:DST",
+                            help="mount this volume in every container (repeatable)")
+    containers.add_argument("--image-workdir", default="/workspace",
+                            help="working directory inside the containers (default /workspace)")
+    containers.add_argument("--image-no-gpus", action="store_true", help="do not pass --gpus all (CPU images)")
     parser.add_argument("--config-file", help="YAML file with values for these flags (flags given here win)")
     parser.add_argument("--metrics-port", type=int,
                         help="serve every rank's Prometheus metrics and job totals on this port of this host")
@@ -159,7 +173,19 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     return RunConfig(args.num_proc or (elastic.min_np if elastic else 0), hosts, command, args.port, ranks_to_show,
                      args.verbose, args.horovod_compat, tuning_environment(args), ssh, tuple(args.network_interface),
                      args.output_filename, tuple(args.forward), extra_env, elastic, args.host_discovery_script,
-                     args.slots_per_host, _metrics_port(args.metrics_port))
+                     args.slots_per_host, _metrics_port(args.metrics_port), _container_options(args),
+                     args.image_workdir)
+
+
+def _container_options(args: argparse.Namespace) -> ContainerOptions | None:
+    if not args.image:
+        if args.image_shm_size or args.image_volume or args.image_no_gpus:
+            raise ValueError("--image-shm-size, --image-volume and --image-no-gpus need --image")
+        return None
+    if not args.image_workdir.startswith("/"):
+        raise ValueError(f"--image-workdir {args.image_workdir!r} must be an absolute path inside the container")
+    return ContainerOptions(image=args.image, gpus=not args.image_no_gpus, shm_size=args.image_shm_size,
+                            volumes=tuple(args.image_volume))
 
 
 def _metrics_port(port: int | None) -> int | None:
@@ -257,9 +283,13 @@ def _preflight(config: RunConfig, remote_hosts: list[str], store_port: int) -> d
 
 
 def _rank_environment(config: RunConfig, slot: SlotAssignment, store: tuple[str, int],
-                      report: HostReport | None, gloo_interface: str | None) -> dict[str, str]:
-    base = {**os.environ, **config.tuning} if report is None else forwarded_environment(
-        {**os.environ, **config.tuning}, list(config.forward_names), {})
+                      report: HostReport | None, gloo_interface: str | None,
+                      forward_only: bool = False) -> dict[str, str]:
+    """A rank's environment: this one's (local ranks) or the forwarded part (remote or containerised
+    ranks), ``--env`` values, the interface variables and the job's topology variables."""
+    everything = {**os.environ, **config.tuning}
+    base = everything if report is None and not forward_only else forwarded_environment(
+        everything, list(config.forward_names), {})
     base.update(config.extra_env)
     if config.network_interfaces:
         interfaces = ",".join(config.network_interfaces)
@@ -298,12 +328,15 @@ def run_job(config: RunConfig, with_store: Callable[[dist.Store], None] | None =
         where = f"on {len({s.hostname for s in assignments})} host(s)" if remote_hosts else "on this host"
         print(f"torchring run: {config.num_proc} ranks {where}, rendezvous port {server.port}", file=sys.stderr)
     supervisor = Supervisor(peer_failure=server.peer_failure)
+    job_id = uuid.uuid4().hex[:10]
     previous = {sig: signal.signal(sig, lambda signum, _frame: supervisor.request_stop(signum))
                 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         for slot in assignments:
             report = reports.get(slot.hostname)
-            if report is None:
+            if config.container is not None:
+                process = _start_in_container(config, slot, report, server.port, local_interface, job_id)
+            elif report is None:
                 env = _rank_environment(config, slot, ("127.0.0.1", server.port), None, local_interface)
                 if config.horovod_compat:
                     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SHIM_PATH), env.get("PYTHONPATH")) if p)
@@ -314,7 +347,7 @@ def run_job(config: RunConfig, with_store: Callable[[dist.Store], None] | None =
                                         report.interface)
                 process = spawn_remote(slot.hostname, config.ssh.python, config.ssh)
                 send_spec(process, config.command, env, os.getcwd(), config.horovod_compat)
-            supervisor.add(_worker(config, slot, process, remote=report is not None))
+            supervisor.add(_worker(config, slot, process, remote=report is not None or config.container is not None))
         for worker in supervisor.workers:
             for relay in worker.relays:
                 relay.start()
@@ -332,6 +365,38 @@ def run_job(config: RunConfig, with_store: Callable[[dist.Store], None] | None =
         return 0
     report_failure(failure, supervisor.workers)
     return failure.exit_code
+
+
+#: Host paths that mean nothing inside a container image: the image's own values apply there.
+_HOST_ONLY_VARIABLES = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV")
+#: What the docker client itself needs from the environment.
+_DOCKER_CLIENT_VARIABLES = ("PATH", "HOME", "DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CONTEXT", "DOCKER_CERT_PATH",
+                            "DOCKER_TLS_VERIFY")
+
+
+def container_command(config: RunConfig, slot: SlotAssignment, rank_env: dict[str, str],
+                      job_id: str) -> tuple[list[str], list[list[str]]]:
+    """The ``docker run`` argv of one rank and the clean-up commands that stop its container."""
+    assert config.container is not None
+    name = container_name(job_id, slot.rank)
+    env = {key: value for key, value in rank_env.items() if key not in _HOST_ONLY_VARIABLES}
+    argv = docker_run_argv(config.container, config.command, env, config.container_workdir, name)
+    return argv, [stop_argv(name)]
+
+
+def _start_in_container(config: RunConfig, slot: SlotAssignment, report: HostReport | None, store_port: int,
+                        local_interface: str | None, job_id: str) -> subprocess.Popen:
+    """A rank in a container, under ``remote_rank`` (over SSH, or directly on this host), which stops the
+    container when the rank must end."""
+    address = report.launcher_address if report is not None else "127.0.0.1"
+    assert address is not None
+    rank_env = _rank_environment(config, slot, (address, store_port), report,
+                                 report.interface if report is not None else local_interface, forward_only=True)
+    argv, cleanup = container_command(config, slot, rank_env, job_id)
+    client_env = {key: os.environ[key] for key in _DOCKER_CLIENT_VARIABLES if key in os.environ}
+    process = spawn_remote(slot.hostname if report is not None else None, config.ssh.python, config.ssh)
+    send_spec(process, argv, client_env, os.getcwd(), False, cleanup)
+    return process
 
 
 def _worker(config: RunConfig, slot: SlotAssignment, process: subprocess.Popen, remote: bool) -> Worker:

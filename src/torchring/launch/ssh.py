@@ -167,17 +167,21 @@ def preflight_problems(reports: Mapping[str, HostReport], local: tuple[str, str 
     return problems
 
 
-def spawn_remote(host: str, python: str, options: SshOptions) -> subprocess.Popen:
-    """Start ``remote_rank`` on ``host`` (its specification is written to stdin next)."""
-    argv = ssh_argv(host, [python, "-m", "torchring.launch.remote_rank"], options)
+def spawn_remote(host: str | None, python: str, options: SshOptions) -> subprocess.Popen:
+    """Start ``remote_rank`` on ``host`` (its specification is written to stdin next); ``host`` None
+    starts it on this host, without SSH."""
+    remote_rank = [python, "-m", "torchring.launch.remote_rank"]
+    argv = remote_rank if host is None else ssh_argv(host, remote_rank, options)
     return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True, preexec_fn=_die_with_launcher)
 
 
 def send_spec(process: subprocess.Popen, command: Sequence[str], env: Mapping[str, str], cwd: str,
-              horovod_compat: bool) -> None:
-    """Give a remote rank its command, environment and working directory; keep the channel open."""
+              horovod_compat: bool, cleanup: Sequence[Sequence[str]] = ()) -> None:
+    """Give a remote rank its command, environment, working directory and the commands to run after
+    it ends; keep the channel open."""
     assert process.stdin is not None
-    spec = {"command": list(command), "env": dict(env), "cwd": cwd, "horovod_compat": horovod_compat}
+    spec = {"command": list(command), "env": dict(env), "cwd": cwd, "horovod_compat": horovod_compat,
+            "cleanup": [list(c) for c in cleanup]}
     process.stdin.write((json.dumps(spec) + "\n").encode())
     process.stdin.flush()

@@ -278,7 +278,9 @@ class GradientLane:
         waited = 0.0
         warn_s = self._settings.stall_warning_s
         try:
-            if not stall_checks or warn_s <= 0:
+            if not stall_checks or warn_s <= 0 or launched.wire.is_cuda:
+                # NCCL: wait() orders the current stream after the collective without blocking the CPU, and
+                # a timed wait could abort the communicator; its own watchdog reports hangs there
                 work.wait()
             else:
                 while True:

@@ -11,7 +11,6 @@ import pytest
 
 from .jobs import ROOT, run_job, wait_until_gone
 
-
 PARALLEL = ROOT / "tests" / "parallel"
 
 

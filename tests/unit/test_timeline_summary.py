@@ -7,13 +7,8 @@ import json
 import pytest
 
 from torchring.diagnostics.timeline_cli import main
-from torchring.diagnostics.timeline_summary import (
-    format_summary,
-    load_trace,
-    plot,
-    summarize,
-    summary_to_dict,
-)
+from torchring.diagnostics.timeline_report import format_summary, plot, summary_to_dict
+from torchring.diagnostics.timeline_summary import load_trace, summarize
 
 # ---- building traces ------------------------------------------------------------------------------
 

@@ -11,7 +11,8 @@ import json
 import sys
 from collections.abc import Sequence
 
-from .timeline_summary import format_summary, load_trace, plot, summarize, summary_to_dict
+from .timeline_report import format_summary, plot, summary_to_dict
+from .timeline_summary import load_trace, summarize
 
 __all__ = ["add_timeline_arguments", "main", "run_timeline"]
 

@@ -44,14 +44,13 @@ What :func:`summarize` works out, and the rules it follows:
 from __future__ import annotations
 
 import bisect
-import json
 import math
-import os
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
+
+from .timeline_trace import TraceOp, TraceReader, load_trace
 
 __all__ = [
     "FusionStats",
@@ -59,91 +58,19 @@ __all__ = [
     "Step",
     "TensorStats",
     "TimelineSummary",
-    "format_summary",
     "load_trace",
-    "plot",
-    "slowest_rank_line",
     "summarize",
-    "summary_to_dict",
 ]
 
-#: Bytes per element of the dtypes a timeline names.
-ELEMENT_SIZES: dict[str, int] = {
-    "float64": 8, "double": 8, "float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2,
-    "float8_e4m3fn": 1, "float8_e5m2": 1, "complex64": 8, "complex128": 16,
-    "int64": 8, "long": 8, "int32": 4, "int": 4, "int16": 2, "short": 2, "int8": 1,
-    "uint64": 8, "uint32": 4, "uint16": 2, "uint8": 1, "bool": 1,
-}
-#: Activity prefixes that are the backend's collective itself.
-BACKEND_PREFIXES = ("GLOO_", "NCCL_", "MPI_")
-FUSION_ACTIVITY = "MEMCPY_IN_FUSION_BUFFER"
-NEGOTIATE_PREFIX = "NEGOTIATE_"
-CYCLE_START = "CYCLE_START"
-LANE_WAIT = "LANE_WAIT"
 #: Ready times (µs) closer than this are a tie when the trace has no cycle markers; also for LANE_WAIT.
 TIE_US = 1000.0
 #: Fewer steps than this from repeated tensor names: fall back to equal time windows.
 MIN_REPEAT_STEPS = 3
 #: The most equal time windows the fallback cuts the trace into.
 MAX_WINDOWS = 20
-#: How many cuts at a "}" a truncated trace is tried with before giving up.
-_REPAIR_TRIES = 8
 
 
 # ---- loading --------------------------------------------------------------------------------------
-
-
-def load_trace(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The events of the trace file at ``path``.
-
-    Accepts a JSON array of events, Chrome's ``{"traceEvents": [...]}`` object, and a truncated array
-    (no closing bracket, a trailing comma, or a half-written last event, as a killed job may leave).
-    Raises :class:`OSError` when the file cannot be read and :class:`ValueError` naming the file when it
-    is not a trace.
-    """
-    name = os.fspath(path)
-    try:
-        text = Path(name).read_text(encoding="utf-8")
-    except UnicodeDecodeError as error:
-        raise ValueError(f"{name} is not a timeline: not UTF-8 text ({error.reason})") from None
-    data = _parse_lenient(name, text)
-    if isinstance(data, dict) and isinstance(data.get("traceEvents"), list):
-        data = data["traceEvents"]
-    if not isinstance(data, list):
-        raise ValueError(f"{name} is not a timeline: expected a JSON array of trace events, "
-                         f"found a JSON {type(data).__name__}")
-    for index, event in enumerate(data):
-        if not isinstance(event, dict):
-            raise ValueError(f"{name} is not a timeline: event {index} is a JSON {type(event).__name__}, "
-                             "not an object")
-    return data
-
-
-def _parse_lenient(name: str, text: str) -> Any:
-    """``json.loads(text)``, or the array closed after its last complete event when it was cut short."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as error:
-        first_error = error
-    body = text.rstrip()
-    if body.startswith("["):
-        candidates = [body]
-        cut = len(body)
-        for _ in range(_REPAIR_TRIES):
-            cut = body.rfind("}", 0, cut)
-            if cut < 0:
-                break
-            candidates.append(body[: cut + 1])
-        for candidate in candidates:
-            try:
-                return json.loads(candidate.rstrip().rstrip(",") + "\n]")
-            except json.JSONDecodeError:
-                continue
-    raise ValueError(f"{name} is not a timeline: invalid JSON at line {first_error.lineno} column "
-                     f"{first_error.colno} ({first_error.msg})") from None
-
-
-# ---- the summary ----------------------------------------------------------------------------------
 
 
 @dataclass
@@ -240,181 +167,9 @@ class TimelineSummary:
 # ---- reading the events ---------------------------------------------------------------------------
 
 
-@dataclass
-class _Op:
-    tensor: str
-    op: str
-    start: float
-    end: float | None = None
-    nbytes: int | None = None
-    backend_us: float = 0.0
-    negotiation_start: float | None = None
-    fused: bool = False
-
-
-@dataclass
-class _Negotiation:
-    tensor: str
-    start: float
-    end: float | None = None
-    ready: dict[int, float] = field(default_factory=dict)
-
-
-@dataclass
-class _Activity:
-    name: str
-    start: float
-    op: _Op
-
-
-@dataclass
-class _LaneWait:
-    ts: float
-    waits_ms: list[float]
-
-
-class _Reader:
-    """One pass over the events in file order, rebuilding spans per pid."""
-
-    def __init__(self) -> None:
-        self.names: dict[int, str] = {}
-        self.stacks: dict[int, list[_Op | _Negotiation | _Activity]] = {}
-        self.ops: list[_Op] = []
-        self.negotiations: list[_Negotiation] = []
-        self.lane_waits: list[_LaneWait] = []
-        self.cycles: list[float] = []
-        self.batches: list[list[_Op]] = []
-        self.first_ts = math.inf
-        self.last_ts = -math.inf
-        self.first_tensor_ts = math.inf  # of an event other than a cycle marker
-        self._run: list[_Op] = []
-        self._run_pids: set[int] = set()
-        self._last_negotiation: dict[int, _Negotiation] = {}
-
-    def read(self, events: Iterable[dict[str, Any]]) -> None:
-        for event in events:
-            self._event(event)
-        self._close_run()
-
-    def open_spans(self) -> int:
-        return sum(len(stack) for stack in self.stacks.values())
-
-    def _tensor(self, pid: int) -> str:
-        return self.names.get(pid, f"pid {pid}")
-
-    def _ready_time(self, ts: float) -> float:
-        """A rank-ready instant's time: the start of its engine cycle when the trace marks cycles."""
-        return self.cycles[-1] if self.cycles else ts
-
-    def _event(self, event: dict[str, Any]) -> None:
-        phase = event.get("ph")
-        pid = event.get("pid")
-        name = event.get("name")
-        if phase == "M":
-            args = event.get("args")
-            if name == "process_name" and isinstance(pid, int) and isinstance(args, dict):
-                self.names[pid] = str(args.get("name"))
-            return
-        ts = event.get("ts")
-        if not isinstance(pid, int) or isinstance(ts, bool) or not isinstance(ts, int | float):
-            return
-        ts = float(ts)
-        self.first_ts = min(self.first_ts, ts)
-        self.last_ts = max(self.last_ts, ts)
-        if name != CYCLE_START:
-            self.first_tensor_ts = min(self.first_tensor_ts, ts)
-        stack = self.stacks.setdefault(pid, [])
-        if phase == "B" and name == FUSION_ACTIVITY and stack and isinstance(stack[-1], _Op):
-            if pid in self._run_pids:
-                self._close_run()
-            self._run.append(stack[-1])
-            self._run_pids.add(pid)
-        elif pid in self._run_pids:
-            self._close_run()
-        if phase == "B":
-            self._begin(pid, stack, str(name), ts)
-        elif phase == "E":
-            self._end(pid, stack, ts, event.get("args"))
-        elif phase in ("i", "I"):
-            self._instant(stack, name, ts, event.get("args"))
-
-    def _begin(self, pid: int, stack: list[_Op | _Negotiation | _Activity], name: str, ts: float) -> None:
-        if name.startswith(NEGOTIATE_PREFIX):
-            stack.append(_Negotiation(self._tensor(pid), ts))
-        elif stack and isinstance(stack[-1], _Op | _Activity):
-            op = stack[-1] if isinstance(stack[-1], _Op) else stack[-1].op
-            stack.append(_Activity(name, ts, op))
-        else:
-            negotiation = self._last_negotiation.pop(pid, None)
-            stack.append(_Op(self._tensor(pid), name, ts,
-                             negotiation_start=negotiation.start if negotiation is not None else None))
-
-    def _end(self, pid: int, stack: list[_Op | _Negotiation | _Activity], ts: float, args: object) -> None:
-        if not stack:
-            return
-        span = stack.pop()
-        if isinstance(span, _Negotiation):
-            span.end = ts
-            self.negotiations.append(span)
-            self._last_negotiation[pid] = span
-        elif isinstance(span, _Activity):
-            if span.name.startswith(BACKEND_PREFIXES):
-                span.op.backend_us += ts - span.start
-        else:
-            span.end = ts
-            if isinstance(args, dict):
-                span.nbytes = _nbytes(args.get("dtype"), args.get("shape"))
-            self.ops.append(span)
-
-    def _instant(self, stack: list[_Op | _Negotiation | _Activity], name: object, ts: float, args: object) -> None:
-        if name == CYCLE_START:
-            self.cycles.append(ts)
-        elif name == LANE_WAIT:
-            waits = args.get("waits_ms") if isinstance(args, dict) else None
-            if isinstance(waits, list) and waits and all(_is_number(w) for w in waits):
-                self.lane_waits.append(_LaneWait(ts, [float(w) for w in waits]))
-        elif isinstance(name, str) and name.isdigit() and stack and isinstance(stack[-1], _Negotiation):
-            stack[-1].ready.setdefault(int(name), self._ready_time(ts))
-
-    def _close_run(self) -> None:
-        if self._run:
-            for op in self._run:
-                op.fused = True
-            self.batches.append(self._run)
-        self._run = []
-        self._run_pids = set()
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _nbytes(dtype: object, shape: object) -> int | None:
-    """Bytes of a tensor from the end event's ``dtype`` (``"float32"``) and ``shape`` (``"[2, 3]"``)."""
-    if not isinstance(dtype, str):
-        return None
-    size = ELEMENT_SIZES.get(dtype.removeprefix("torch."))
-    if size is None:
-        return None
-    if isinstance(shape, str):
-        inner = shape.strip().removeprefix("[").removesuffix("]").strip()
-        try:
-            dims = [int(part) for part in inner.split(",")] if inner else []
-        except ValueError:
-            return None
-    elif isinstance(shape, list) and all(isinstance(dim, int) for dim in shape):
-        dims = shape
-    else:
-        return None
-    return size * math.prod(dims)
-
-
-# ---- analysis -------------------------------------------------------------------------------------
-
-
 def summarize(events: Sequence[dict[str, Any]], source: str | None = None) -> TimelineSummary:
     """Analyse the events of a trace (from :func:`load_trace`); ``source`` names it in the report."""
-    reader = _Reader()
+    reader = TraceReader()
     reader.read(events)
     origin = reader.first_ts if reader.first_ts != math.inf else 0.0
     end = reader.last_ts if reader.last_ts != -math.inf else origin
@@ -441,8 +196,8 @@ def summarize(events: Sequence[dict[str, Any]], source: str | None = None) -> Ti
     )
 
 
-def _tensor_stats(reader: _Reader) -> list[TensorStats]:
-    ops: dict[str, list[_Op]] = {}
+def _tensor_stats(reader: TraceReader) -> list[TensorStats]:
+    ops: dict[str, list[TraceOp]] = {}
     for op in reader.ops:
         ops.setdefault(op.tensor, []).append(op)
     negotiation_us: dict[str, float] = {}
@@ -463,7 +218,7 @@ def _tensor_stats(reader: _Reader) -> list[TensorStats]:
     return stats
 
 
-def _fusion_stats(reader: _Reader) -> FusionStats:
+def _fusion_stats(reader: TraceReader) -> FusionStats:
     counts = [len(batch) for batch in reader.batches]
     sizes = [[op.nbytes for op in batch] for batch in reader.batches]
     known = [sum(size for size in batch if size is not None) for batch in sizes if None not in batch]
@@ -484,7 +239,7 @@ class _RankTally:
     intervals: list[tuple[float, float]] = field(default_factory=list)
 
 
-def _rank_waits(reader: _Reader) -> tuple[list[RankWait], int]:
+def _rank_waits(reader: TraceReader) -> tuple[list[RankWait], int]:
     """Per rank: how often it was last to be ready and the waits it caused; also the negotiations counted."""
     tallies: dict[int, _RankTally] = {}
     tie = 0.0 if reader.cycles else TIE_US
@@ -551,7 +306,7 @@ class _Union:
 _WINDOWS_RULE = "equal time windows, as tensor names do not repeat"
 
 
-def _steps(reader: _Reader, origin: float, begin: float, end: float) -> tuple[str, list[Step]]:
+def _steps(reader: TraceReader, origin: float, begin: float, end: float) -> tuple[str, list[Step]]:
     """Cut ``[begin, end]`` into steps (see the module docstring) and measure each; times from ``origin``."""
     ops = sorted((op for op in reader.ops if op.end is not None), key=lambda op: op.start)
     if not ops:
@@ -582,7 +337,7 @@ def _steps(reader: _Reader, origin: float, begin: float, end: float) -> tuple[st
     return rule, steps
 
 
-def _repeat_boundaries(ops: list[_Op]) -> list[float]:
+def _repeat_boundaries(ops: list[TraceOp]) -> list[float]:
     """Step starts: each operation whose tensor already ran in the current step opens a new step."""
     boundaries: list[float] = []
     seen: set[str] = set()
@@ -593,185 +348,3 @@ def _repeat_boundaries(ops: list[_Op]) -> list[float]:
             seen = set()
         seen.add(op.tensor)
     return boundaries
-
-
-# ---- output ---------------------------------------------------------------------------------------
-
-
-def summary_to_dict(summary: TimelineSummary, top: int | None = None) -> dict[str, Any]:
-    """The summary as plain JSON-ready data; ``top`` keeps only that many tensors."""
-    data = asdict(summary)
-    if top is not None:
-        data["tensors"] = data["tensors"][:top]
-    for rank_data, rank in zip(data["ranks"], summary.ranks, strict=True):
-        rank_data["times_last"] = rank.times_last
-        rank_data["mean_wait_s"] = rank.mean_wait_s
-    if summary.slowest_rank is not None:
-        data["slowest_rank"].update(times_last=summary.slowest_rank.times_last,
-                                    mean_wait_s=summary.slowest_rank.mean_wait_s)
-    for step_data, step in zip(data["steps"], summary.steps, strict=True):
-        step_data["duration_s"] = step.duration_s
-        step_data["comm_fraction"] = step.comm_fraction
-    return data
-
-
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    """Rows aligned under their headers: the first column to the left, the others to the right."""
-    widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows, strict=True)]
-    lines = []
-    for row in [headers, *rows]:
-        cells = [f"{cell:<{widths[0]}}" if index == 0 else f"{cell:>{widths[index]}}"
-                 for index, cell in enumerate(row)]
-        lines.append("  ".join(cells).rstrip())
-    return lines
-
-
-def _bytes(count: float | None) -> str:
-    if count is None:
-        return "?"
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if count >= scale:
-            return f"{count / scale:.1f} {unit}"
-    return f"{count:.0f} B"
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1000:.2f}"
-
-
-def _plural(count: int, word: str) -> str:
-    return f"{count} {word}" if count == 1 else f"{count} {word}s"
-
-
-def slowest_rank_line(summary: TimelineSummary) -> str:
-    """``slowest rank: 1 (last to be ready in 18 of 20 negotiations, made the others wait 0.95 s in all)``."""
-    rank = summary.slowest_rank
-    if rank is None:
-        if summary.negotiations or summary.lane_steps:
-            return f"slowest rank: none (no rank made the others wait more than {TIE_US / 1000:g} ms)"
-        return "slowest rank: unknown (the trace records no rank becoming ready)"
-    parts = []
-    if rank.negotiations:
-        parts.append(f"{rank.last_in_negotiations} of {_plural(rank.negotiations, 'negotiation')}")
-    if rank.lane_steps:
-        parts.append(f"{rank.last_in_lane_steps} of {_plural(rank.lane_steps, 'lane step')}")
-    return (f"slowest rank: {rank.rank} (last to be ready in {' and '.join(parts)}, "
-            f"made the others wait {rank.wait_caused_s:.2f} s in all)")
-
-
-def format_summary(summary: TimelineSummary, top: int = 10) -> str:
-    """A readable report: top ``top`` tensors, fusion, waits per rank and the slowest rank, steps."""
-    title = f"Timeline {summary.source}" if summary.source else "Timeline"
-    lines = [f"{title}: {summary.events} events over {summary.duration_s:.3f} s, "
-             f"{_plural(summary.ops, 'operation')} on {_plural(len(summary.tensors), 'tensor')}"]
-    if summary.open_spans:
-        lines.append(f"({_plural(summary.open_spans, 'span')} never ended: the trace was cut short or the job "
-                     "stopped mid-operation)")
-    lines += ["", f"Top {min(top, len(summary.tensors))} tensors by communication time"]
-    rows = [[t.name, str(t.ops), _ms(t.total_s), _ms(t.mean_s), _ms(t.backend_s), _ms(t.negotiation_s),
-             _bytes(t.total_bytes / t.ops if t.total_bytes is not None and t.ops else None)]
-            for t in summary.tensors[:top]]
-    lines += _table(["tensor", "ops", "total ms", "mean ms", "backend ms", "negotiation ms", "size"], rows)
-    fusion = summary.fusion
-    lines += ["", "Fusion"]
-    if fusion.buffers:
-        lines.append(f"{_plural(fusion.buffers, 'fused buffer')} holding {fusion.fused_tensors} tensors: "
-                     f"{fusion.mean_tensors:.1f} tensors per buffer on average (max {fusion.max_tensors}), "
-                     f"{_bytes(fusion.mean_bytes)} per buffer on average (max {_bytes(fusion.max_bytes)})")
-    else:
-        lines.append("no fused buffers")
-    lines.append(f"{_plural(fusion.unfused_allreduces, 'allreduce')} ran unfused")
-    lines += ["", f"Waits per rank ({_plural(summary.negotiations, 'negotiation')} with 2+ ranks, "
-                  f"{_plural(summary.lane_steps, 'lane step')})"]
-    if summary.ranks:
-        rows = [[str(r.rank), f"{r.last_in_negotiations}/{r.negotiations}", f"{r.last_in_lane_steps}/{r.lane_steps}",
-                 f"{r.wait_caused_s:.3f}", f"{r.wait_caused_sum_s:.3f}", _ms(r.mean_wait_s)] for r in summary.ranks]
-        lines += _table(["rank", "last/negotiations", "last/lane steps", "wait caused s", "summed s", "mean ms"],
-                        rows)
-    lines.append(slowest_rank_line(summary))
-    lines += ["", _steps_text(summary, top)]
-    return "\n".join(lines).rstrip() + "\n"
-
-
-def _steps_text(summary: TimelineSummary, top: int) -> str:
-    steps = summary.steps
-    if not steps:
-        return "Steps: none (no completed operations)"
-    durations = [step.duration_s for step in steps]
-    busy = sum(step.comm_s for step in steps)
-    total = sum(durations)
-    lines = [f"Steps: {len(steps)} ({summary.step_rule}); median {_ms(statistics.median(durations))} ms, "
-             f"communication {100 * busy / total if total > 0 else 0:.0f}% of the time"]
-    if summary.cycle_marks_s:
-        lines[0] += f", {_plural(len(summary.cycle_marks_s), 'engine cycle')}"
-    if summary.steps_are_windows:
-        ranked = sorted(steps, key=lambda s: (-(s.comm_s + s.negotiation_s), s.index))
-        label = "busiest (most communication and negotiation time)"
-    else:
-        ranked = sorted(steps, key=lambda s: (-s.duration_s, s.index))
-        label = "longest"
-    shown = sorted(ranked[:top], key=lambda s: s.index)
-    if len(shown) < len(steps):
-        lines.append(f"the {len(shown)} {label}:")
-    rows = [[str(s.index), f"{s.start_s:.3f}", _ms(s.duration_s), str(s.ops), _ms(s.comm_s), _ms(s.negotiation_s),
-             f"{100 * s.comm_fraction:.0f}", _bytes(s.total_bytes)] for s in shown]
-    lines += _table(["step", "start s", "duration ms", "ops", "comm ms", "negotiation ms", "comm %", "bytes"], rows)
-    return "\n".join(lines)
-
-
-def plot(summary_or_events: TimelineSummary | Sequence[dict[str, Any]], path: str | os.PathLike[str]) -> str:
-    """Draw communication against time, per step, into the PNG file ``path``; return the path written.
-
-    Top: each step's duration, communication and negotiation time (ms, symmetric log scale) at the step's
-    middle. Bottom: the share of each step spent communicating, as a bar spanning the step, with the engine
-    cycle marks (``CYCLE_START``) below it when the trace has them.
-    """
-    summary = summary_or_events if isinstance(summary_or_events, TimelineSummary) else summarize(summary_or_events)
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as error:
-        raise RuntimeError(f"plotting needs matplotlib ({error}); install it with pip install matplotlib") from None
-    target = os.fspath(path)
-    figure, (top_axes, bottom_axes) = plt.subplots(2, 1, figsize=(11, 6.5), sharex=True,
-                                                   gridspec_kw={"height_ratios": [3, 2]})
-    try:
-        steps = summary.steps
-        starts = [step.start_s for step in steps]
-        middles = [(step.start_s + step.end_s) / 2 for step in steps]
-        series = [("step duration", "0.55", "s", [step.duration_s for step in steps]),
-                  ("communication", "tab:blue", "o", [step.comm_s for step in steps]),
-                  ("negotiation", "tab:orange", "^", [step.negotiation_s for step in steps])]
-        for label, color, marker, values in series:
-            top_axes.plot(middles, [value * 1000 for value in values], marker, color=color, label=label,
-                          markersize=5, linestyle="none")
-        if any(step.duration_s > 0 for step in steps):
-            top_axes.set_yscale("symlog", linthresh=1.0)
-            top_axes.set_xlim(steps[0].start_s, steps[-1].end_s)
-        top_axes.set_ylabel("ms per step")
-        top_axes.grid(alpha=0.3)
-        if steps:
-            top_axes.legend(loc="upper right", fontsize="small")
-        else:
-            top_axes.text(0.5, 0.5, "no completed operations", ha="center", va="center", transform=top_axes.transAxes)
-        name = os.path.basename(summary.source) if summary.source else "timeline"
-        top_axes.set_title(f"{name}: communication per step — {slowest_rank_line(summary)}", fontsize="medium")
-        bottom_axes.bar(starts, [100 * step.comm_fraction for step in steps],
-                        width=[step.duration_s for step in steps], align="edge", color="tab:blue", alpha=0.6,
-                        edgecolor="white", linewidth=0.5)
-        bottom_axes.set_ylim(-12, 105)
-        bottom_axes.set_ylabel("communication %")
-        bottom_axes.set_xlabel("time since the trace started (s)")
-        bottom_axes.grid(alpha=0.3, axis="y")
-        if summary.cycle_marks_s:
-            bottom_axes.eventplot([summary.cycle_marks_s], lineoffsets=-6, linelengths=8, colors="0.4",
-                                  linewidths=0.4)
-            bottom_axes.text(0.0, -6, " engine cycles", va="center", fontsize="x-small",
-                             transform=bottom_axes.get_yaxis_transform())
-        figure.tight_layout()
-        figure.savefig(target, format="png", dpi=100)
-    finally:
-        plt.close(figure)
-    return target

@@ -118,15 +118,14 @@ class GradientLane:
             self._launch(self.buckets[self._next], flag=1.0)
             self._next += 1
 
-    def finish_step(self) -> int:
+    def finish_step(self) -> None:
         """Launch the buckets not launched yet (their gradients are prepared by the caller), wait for all,
-        unpack, scale; return how many ranks were still training (the rest joined)."""
+        unpack and scale."""
         while self._next < len(self.buckets):
             self._launch(self.buckets[self._next], flag=1.0)
             self._next += 1
         if self.carrier is None:
             self._launch_flag(1.0)
-        training = self._settings.set_size
         try:
             for index, launched in enumerate(self._launched):
                 if index == 0:
@@ -136,9 +135,7 @@ class GradientLane:
                 else:
                     self._wait(launched, stall_checks=True)
                 start = time.thread_time()
-                flag = self._unpack(launched)
-                if flag is not None:
-                    training = round(flag)
+                self._unpack(launched)
                 spent = time.thread_time() - start
                 _cpu_seconds[0] += spent
                 _cpu_seconds[1] += spent
@@ -148,7 +145,6 @@ class GradientLane:
             self._ready.clear()
             self._next = 0
             self._step += 1
-        return training
 
     def abandon(self) -> None:
         """Forget a step that will not be finished (``load_state_dict`` after a failure)."""
@@ -320,18 +316,17 @@ class GradientLane:
         if timeline.enabled and self._step > 0:
             timeline.lane_waits(name, waits_ms.tolist())
 
-    def _unpack(self, launched: _Launched) -> float | None:
-        """Copy a reduced bucket back into its gradients, scaled; the carrier's flag, if it is one."""
+    def _unpack(self, launched: _Launched) -> None:
+        """Copy a reduced bucket back into its gradients, scaled (a training rank needs nothing of the
+        carrier's flag; only its wait times, for the timeline)."""
         reduced = self._settings.compression.decompress(launched.wire, launched.ctx)
         bucket = launched.bucket
         if bucket is None:
             self._report_waits(launched.name, reduced[1:])
-            return float(reduced[0])
+            return
         scale = self._settings.postscale / (self._settings.set_size if self._settings.average else 1)
         params = bucket.params
-        flag = None
         if bucket.index == self.carrier:
-            flag = float(reduced[bucket.numel])
             self._report_waits(launched.name, reduced[bucket.numel + 1:])
         if len(params) == 1 and bucket.index != self.carrier:
             grad = params[0].grad
@@ -339,7 +334,7 @@ class GradientLane:
                 grad.copy_(reduced)
             if scale != 1.0:
                 grad.mul_(scale)
-            return flag
+            return
         offset = 0
         for param in params:
             count = param.numel()
@@ -349,7 +344,6 @@ class GradientLane:
             else:
                 param.grad.copy_(source)
             offset += count
-        return flag
 
 
 def shadow_open_lanes(generation: int) -> None:

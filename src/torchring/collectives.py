@@ -14,7 +14,6 @@ from typing import Any
 import torch
 
 from .compression import Compression, Compressor
-from .gradient_lane import shadow_open_lanes
 from .handles import CallableHandle, auto_name, check_tensor, combine, poll, submit, synchronize
 from .process_sets import ProcessSet, global_process_set, resolve
 from .reduction import ReduceOp, resolve_op
@@ -297,7 +296,7 @@ def join(device: int = -1) -> int:
         return RequestMeta(name=n, op_type=OpType.JOIN, seq=seq)
 
     handle = submit(meta, "join", None, None)
-    shadow_open_lanes(context.current().generation)
+    context.current().lanes.shadow_all()
     return synchronize(handle)
 
 

@@ -22,13 +22,15 @@ from . import config
 from .collectives import allreduce, allreduce_async_, sparse_allreduce_async
 from .collectives import synchronize as wait_handle
 from .compression import Compression, Compressor
-from .gradient_buckets import Bucket, plan_buckets
-from .gradient_lane import GradientLane, LaneSettings
 from .handles import submission_batch
 from .metrics.counters import METRICS
 from .process_sets import ProcessSet, global_process_set
 from .reduction import Average, ReduceOp, resolve_op
 from .runtime import context
+from .runtime.allreduce import Scaling
+from .runtime.bucket_reducers import BucketReducer, EngineBucketReducer, ReductionSpec
+from .runtime.gradient_buckets import Bucket, plan_buckets
+from .runtime.gradient_lane import GradientLane, LaneSettings
 
 _Param = torch.nn.Parameter
 #: Marks a gradient that is reduced as part of its bucket's flat allreduce.
@@ -112,6 +114,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._compression = compression
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
+        self._spec = ReductionSpec(Scaling(op, *self._scale_factors()), compression, process_set)
         self.sparse_as_dense = sparse_as_dense
         self.backward_passes_per_step = backward_passes_per_step
         self._params = [p for p in params if p.requires_grad]
@@ -124,8 +127,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         cap_bytes = int(config.float_setting("BUCKET_CAP_MB", 25.0) * 1024 * 1024)
         self._buckets = plan_buckets([p for p in self._params if p not in self._group_of], cap_bytes)
         self._bucket_of = {p: bucket for bucket in self._buckets for p in bucket.params}
-        self._bucket_handles: dict[int, tuple[int, Any, list[torch.Tensor]]] = {}
-        #: The bucket lane once every rank has agreed to it (see ``gradient_lane``); None before.
+        self._engine_reducer = EngineBucketReducer(self._spec, self._engine_name)
+        #: The bucket lane once every rank has agreed to it (see ``runtime.gradient_lane``); None before.
         self._lane: GradientLane | None = None
         self._lane_voting = True
         self._synchronized = False
@@ -167,12 +170,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._handles[param] = (_IN_BUCKET, None)
         bucket.ready.add(id(param))
         if len(bucket.ready) == len(bucket.params):
-            lane = self._active_lane()
-            if lane is None:
-                self._submit_bucket(bucket)
-            else:
-                self._prepare_bucket(bucket)
-                lane.bucket_ready(bucket)
+            self._bucket_complete(bucket)
 
     def _prepare_bucket(self, bucket: Bucket) -> None:
         """Zeros for the gradients this rank did not compute; dense gradients when asked."""
@@ -186,23 +184,25 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"parameter '{self._parameter_names[bucket.params[0]]}' got a sparse gradient after "
                              "its first steps were dense; use sparse_as_dense=True for gradients that change kind.")
 
-    def _submit_bucket(self, bucket: Bucket) -> None:
-        """One allreduce for the bucket: in place for a single gradient, through its flat buffer otherwise.
-        Gradients this rank did not compute contribute zeros."""
+    def _bucket_complete(self, bucket: Bucket) -> None:
+        """Hand ``bucket`` to the reducer of this step; gradients this rank did not compute count as zeros.
+        Sparse gradients (only ever on the engine) are reduced one by one, the same on every rank."""
         self._prepare_bucket(bucket)
-        params = bucket.params
-        if len(params) == 1 or any(param.grad.is_sparse for param in params):
-            for param in params:  # sparse gradients are reduced one by one (the same on every rank)
+        if any(param.grad.is_sparse for param in bucket.params):
+            for param in bucket.params:
                 self._handles[param] = self._allreduce_gradient(param)
             return
-        flat = bucket.flat_buffer()
-        torch.cat([param.grad.reshape(-1) for param in params], out=flat)
-        compressed, ctx = self._compression.compress(flat)
-        prescale, postscale = self._scale_factors()
-        handle = allreduce_async_(compressed, name=self._bucket_name(bucket),
-                                  op=self.op, prescale_factor=prescale, postscale_factor=postscale,
-                                  process_set=self._process_set)
-        self._bucket_handles[bucket.index] = (handle, ctx, params)
+        self._reducer().bucket_ready(bucket)
+
+    def _reducer(self) -> BucketReducer:
+        """The lane once the ranks have agreed to it, else the engine."""
+        lane = self._active_lane()
+        return self._engine_reducer if lane is None else lane
+
+    def _engine_name(self, bucket: Bucket) -> str:
+        """A bucket's name on the engine: its parameter's for a bucket of one, else the bucket's."""
+        params = bucket.params
+        return self._parameter_names[params[0]] if len(params) == 1 else self._bucket_name(bucket)
 
     def _scale_factors(self) -> tuple[float, float]:
         if self.op is ReduceOp.AVERAGE and self.gradient_predivide_factor != 1.0:
@@ -222,9 +222,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 return self._sparse_allgather(param), None
             param.grad = param.grad.to_dense()
         compressed, ctx = self._compression.compress(param.grad)
-        prescale, postscale = self._scale_factors()
-        handle = allreduce_async_(compressed, name=self._parameter_names[param], op=self.op,
-                                  prescale_factor=prescale, postscale_factor=postscale,
+        scaling = self._spec.scaling
+        handle = allreduce_async_(compressed, name=self._parameter_names[param], op=scaling.op,
+                                  prescale_factor=scaling.prescale, postscale_factor=scaling.postscale,
                                   process_set=self._process_set)
         return handle, ctx
 
@@ -271,14 +271,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not self._reduces():
             self._synchronized = True
             return
-        lane = self._active_lane()
-        if lane is not None:
-            self._synchronize_lane(lane)
-            return
+        reducer = self._reducer()
         with submission_batch():
             for bucket in self._buckets:
                 if any(self._not_submitted(p) for p in bucket.params):
-                    self._submit_bucket(bucket)  # not complete on this rank: the rest contribute zeros
+                    self._bucket_complete(bucket)  # not complete on this rank: the rest contribute zeros
             for param in self._params:
                 if self._not_submitted(param) and param not in self._bucket_of:
                     group = self._group_of.get(param)
@@ -286,17 +283,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                         self._submit_group(group)
                     else:
                         self._handles[param] = self._allreduce_gradient(param)
-        for handle, ctx, params in self._bucket_handles.values():
-            reduced = self._compression.decompress(wait_handle(handle), ctx)
-            offset = 0
-            for param in params:
-                count = param.numel()
-                param.grad.copy_(reduced[offset:offset + count].view_as(param.grad))
-                offset += count
-        self._bucket_handles.clear()
+        reducer.finish_step()
         for param, (handle, ctx) in list(self._handles.items()):
+            self._allreduce_delay[param] = self.backward_passes_per_step
             if handle is _IN_BUCKET:
-                self._allreduce_delay[param] = self.backward_passes_per_step
                 continue
             if isinstance(handle, _SparseReduction):
                 param.grad = self._sparse_result(handle)
@@ -304,10 +294,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 output = self._compression.decompress(wait_handle(handle), ctx)
                 if output is not param.grad:
                     param.grad.copy_(output)
-            self._allreduce_delay[param] = self.backward_passes_per_step
         self._handles.clear()
         self._synchronized = True
-        self._vote_for_lane()
+        if reducer is self._engine_reducer:
+            self._vote_for_lane()
 
     # ---- the bucket lane ------------------------------------------------------------------------
 
@@ -316,21 +306,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         lane = self._lane
         if lane is None:
             return None
-        if not context.is_initialized() or context.current().generation != lane.generation:
-            lane.close()
+        if not context.is_initialized() or not context.current().lanes.owns(lane):
             self._lane, self._lane_voting = None, True
             return None
         return lane
-
-    def _synchronize_lane(self, lane: GradientLane) -> None:
-        for bucket in self._buckets:
-            if any(self._not_submitted(p) for p in bucket.params):
-                self._prepare_bucket(bucket)  # not handed to the lane yet: the missing gradients are zeros
-        lane.finish_step()
-        for param in self._handles:
-            self._allreduce_delay[param] = self.backward_passes_per_step
-        self._handles.clear()
-        self._synchronized = True
 
     def _lane_possible(self) -> bool:
         """Whether this rank can reduce its buckets on a lane (dense float gradients, Average or Sum)."""
@@ -349,18 +328,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._lane_voting = False
         elif verdict == _LANE_YES:
             runtime = context.current()
-            prescale, postscale = self._scale_factors()
             stall = runtime.engine.settings
             settings = LaneSettings(
                 set_size=self._process_set.size(), set_rank=self._process_set.rank(),
-                average=self.op is ReduceOp.AVERAGE, prescale=prescale,
-                postscale=postscale, compression=self._compression,
+                scaling=self._spec.scaling, compression=self._compression,
                 stall_warning_s=stall.stall_warning_s if stall.stall_check_enabled else 0.0,
                 stall_shutdown_s=stall.stall_shutdown_s,
             )
-            groups = context.open_lane_groups(self._process_set.process_set_id)
-            self._lane = GradientLane(self._buckets, [self._bucket_name(b) for b in self._buckets], groups,
-                                      settings, runtime.generation, lambda: runtime.engine.timeline)
+            self._lane = runtime.lanes.open_lane(self._process_set.process_set_id, self._buckets,
+                                                 [self._bucket_name(b) for b in self._buckets], settings)
             self._lane_voting = False
 
     def _bucket_name(self, bucket: Bucket) -> str:
@@ -404,9 +380,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Load optimizer state; reductions still pending from an interrupted step are dropped."""
         self._handles.clear()
         self._group_ready.clear()
-        self._bucket_handles.clear()
         for bucket in self._buckets:
             bucket.ready.clear()
+        self._engine_reducer.abandon()
         if self._lane is not None:
             self._lane.abandon()
         self._allreduce_delay = {p: self.backward_passes_per_step for p in self._params}

@@ -152,3 +152,60 @@ def test_groups_stay_on_the_engine(rank, size):
                                          named_parameters=model.named_parameters(), groups=[params[:2]])
     run_steps(optimizer, model, rank, 2, size, 1.0 / size)
     assert optimizer._lane is None
+
+
+class _Linear(nn.Module):
+    """loss = sum(p * x_p): each parameter's gradient is exactly the chosen ``x_p``. Two small tensors share
+    a bucket; the 1 MB one has a bucket of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.small_a = nn.Parameter(torch.zeros(5, 7))
+        self.small_b = nn.Parameter(torch.zeros(13))
+        self.big = nn.Parameter(torch.zeros(262_144))
+
+    def loss(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return sum((param * inputs[name]).sum() for name, param in self.named_parameters())
+
+
+def _exact_gradients(model: nn.Module, rank: int, predivide: float) -> dict[str, torch.Tensor]:
+    """``predivide * m / 1024`` for integers ``|m| <= 682``: float16 holds them, prescaling by
+    ``1 / predivide`` gives exactly ``m / 1024``, and any sum of three of those is exact too, so the
+    backend's summation order cannot change the result; only averaging and postscaling round (and where
+    they round shows which dtype they ran in). The rank offsets make the sums odd at 2 ranks and not
+    multiples of 3 at 3 ranks, so that dividing by the size and postscaling do round."""
+    gradients = {}
+    for index, (name, param) in enumerate(model.named_parameters()):
+        k = torch.arange(param.numel(), dtype=torch.float32).reshape(param.shape)
+        gradients[name] = predivide * (((k * 7 + index * 3 + rank * 11 + rank * rank * 4) % 1365) - 682) / 1024.0
+    return gradients
+
+
+def _horovod_fp16_average(per_rank: list[torch.Tensor], prescale: float, postscale: float) -> torch.Tensor:
+    """Horovod's formula: compress to float16, prescale, sum, divide by the size, postscale (all in
+    float16, on the compressed tensor), then decompress."""
+    wires = [g.to(torch.float16).mul_(prescale) for g in per_rank]
+    total = wires[0].clone()
+    for wire in wires[1:]:
+        total.add_(wire)
+    return total.div_(len(per_rank)).mul_(postscale).to(torch.float32)
+
+
+@pytest.mark.parametrize("predivide", [1.0, 3.0])
+def test_fp16_scaled_gradients_are_bitwise_the_same_on_the_engine_and_on_the_lane(rank, size, predivide):
+    model = _Linear()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                         named_parameters=model.named_parameters(), op=hvd.Average,
+                                         gradient_predivide_factor=predivide, compression=hvd.Compression.fp16)
+    per_rank = [_exact_gradients(model, r, predivide) for r in range(size)]
+    want = {name: _horovod_fp16_average([grads[name] for grads in per_rank], 1.0 / predivide, predivide)
+            for name in per_rank[0]}
+    for step in range(3):  # step 0 is negotiated by the engine; the lane opens after it
+        assert (optimizer._lane is not None) == (step > 0)
+        optimizer.zero_grad()
+        model.loss(per_rank[rank]).backward()
+        optimizer.synchronize()
+        for name, param in model.named_parameters():
+            assert torch.equal(param.grad, want[name]), f"step {step}, {name}: {param.grad} != {want[name]}"
+        with optimizer.skip_synchronize():
+            optimizer.step()

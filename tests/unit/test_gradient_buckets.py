@@ -2,7 +2,7 @@
 
 import torch
 
-from torchring.gradient_buckets import FIRST_BUCKET_BYTES, plan_buckets
+from torchring.runtime.gradient_buckets import FIRST_BUCKET_BYTES, plan_buckets
 
 
 def shapes(buckets):

@@ -22,7 +22,6 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import torchring
-from torchring.gradient_lane import lane_cpu_seconds
 from torchring.runtime import context
 
 from .models import NUM_CLASSES, build_model, input_shape
@@ -139,17 +138,17 @@ def run_train(options: TrainOptions, log: Callable[[str], None]) -> dict[str, An
     names = list(steps)
     images = options.batch_size * world_size * options.batches_per_round
     rates: dict[str, list[float]] = {name: [] for name in names}
-    engine = context.current().engine
+    engine, lanes = context.current().engine, context.current().lanes
     # torchring's CPU seconds in its rounds: engine thread, bucket lane bookkeeping, bucket lane copies
     engine_cpu = torch.zeros(3, dtype=torch.float64)
     for round_index in range(options.rounds):
         shift = round_index % len(names)
         seconds = torch.zeros(len(names), dtype=torch.float64)
         for name in names[shift:] + names[:shift]:
-            before = torch.tensor([engine.cpu_seconds(), *lane_cpu_seconds()], dtype=torch.float64)
+            before = torch.tensor([engine.cpu_seconds(), *lanes.cpu_seconds()], dtype=torch.float64)
             seconds[names.index(name)] = _timed_round(steps[name], options)
             if name == "torchring":
-                engine_cpu += torch.tensor([engine.cpu_seconds(), *lane_cpu_seconds()], dtype=torch.float64) - before
+                engine_cpu += torch.tensor([engine.cpu_seconds(), *lanes.cpu_seconds()], dtype=torch.float64) - before
         dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
         for index, name in enumerate(names):
             rates[name].append(images / seconds[index].item())

@@ -8,7 +8,7 @@ import math
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
@@ -27,6 +27,7 @@ from ..store_keys import peer_failure_key
 from .control import ControlChannel
 from .engine import Engine, EngineSettings
 from .executor import DataGroups, Executor
+from .lanes import GroupOpener, LaneRegistry
 from .process_set_table import ProcessSetTable
 from .timeline import NullTimeline, TimelineWriter
 from .topology import Topology, exchange_topology
@@ -47,11 +48,10 @@ class Runtime:
     engine: Engine
     generation: int
     dynamic_process_sets: bool
+    #: ``DistributedOptimizer``'s gradient lanes and their groups (see ``runtime.lanes``).
+    lanes: LaneRegistry
     #: Publishes this rank's metrics to the launcher (``torchring run --metrics-port``), if asked.
     metrics_publisher: object | None = None
-    #: Groups opened for ``DistributedOptimizer`` lanes, released at shutdown; lanes opened per process set.
-    lane_groups: list[DataGroups] = field(default_factory=list)
-    lanes_opened: dict[int, int] = field(default_factory=dict)
 
 
 _lock = threading.RLock()
@@ -212,16 +212,19 @@ def _wait_for_all_ranks(store: dist.Store, prefix: str, rank: int, size: int) ->
         ) from None
 
 
+def _data_groups(store: dist.Store, base: str, set_rank: int, size: int) -> DataGroups:
+    """New Gloo (and NCCL) groups under store prefix ``base`` (no Gloo group in a set of one rank)."""
+    cpu = None
+    if size > 1:
+        cpu = dist.ProcessGroupGloo(dist.PrefixStore(f"{base}/gloo", store), set_rank, size, collective_timeout())
+    return DataGroups(cpu=cpu, cuda=_cuda_group(dist.PrefixStore(f"{base}/nccl", store), set_rank, size))
+
+
 def _group_factory(store: dist.Store, prefix: str) -> Callable[[int, tuple[int, ...], int], DataGroups]:
     """Creates the Gloo (and NCCL) groups of a process set; called by its members only."""
 
     def make(process_set: int, members: tuple[int, ...], set_rank: int) -> DataGroups:
-        base = f"{prefix}/set{process_set}"
-        size = len(members)
-        cpu = None
-        if size > 1:
-            cpu = dist.ProcessGroupGloo(dist.PrefixStore(f"{base}/gloo", store), set_rank, size, collective_timeout())
-        return DataGroups(cpu=cpu, cuda=_cuda_group(dist.PrefixStore(f"{base}/nccl", store), set_rank, size))
+        return _data_groups(store, f"{prefix}/set{process_set}", set_rank, len(members))
 
     return make
 
@@ -285,8 +288,9 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
         if timeline is not None:
             engine.timeline = timeline
         engine.start()
+        lanes = LaneRegistry(f"torchring/{_generation}", _lane_group_opener(store, table), lambda: engine.timeline)
         _runtime = Runtime(environment, topology, store, control_group, table, engine, _generation,
-                           dynamic_process_sets, _start_metrics(store, topology))
+                           dynamic_process_sets, lanes, _start_metrics(store, topology))
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True
@@ -294,28 +298,16 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
         return process_set_ids
 
 
-def open_lane_groups(process_set: int) -> DataGroups:
-    """New Gloo (and NCCL) groups over the members of ``process_set`` for a gradient lane.
+def _lane_group_opener(store: dist.Store, table: ProcessSetTable) -> GroupOpener:
+    """How gradient lanes get groups: new Gloo (and NCCL) groups over a process set's members."""
 
-    Collective: every member calls it at the same point, in the same order (the lane vote ensures it)."""
-    runtime = current()
-    table = runtime.process_sets
-    members = table.members(process_set)
-    if members is None:
-        raise ValueError(f"process set {process_set} is not registered")
-    with _lock:
-        serial = runtime.lanes_opened.get(process_set, 0)
-        runtime.lanes_opened[process_set] = serial + 1
-    base = f"torchring/{runtime.generation}/lane{process_set}.{serial}"
-    set_rank, size = table.set_rank(process_set), len(members)
-    groups = DataGroups(
-        cpu=dist.ProcessGroupGloo(dist.PrefixStore(f"{base}/gloo", runtime.store), set_rank, size,
-                                  collective_timeout()),
-        cuda=_cuda_group(dist.PrefixStore(f"{base}/nccl", runtime.store), set_rank, size),
-    )
-    with _lock:
-        runtime.lane_groups.append(groups)
-    return groups
+    def open_groups(prefix: str, process_set: int) -> DataGroups:
+        members = table.members(process_set)
+        if members is None:
+            raise ValueError(f"process set {process_set} is not registered")
+        return _data_groups(store, prefix, table.set_rank(process_set), len(members))
+
+    return open_groups
 
 
 def _start_metrics(store: dist.Store, topology: Topology) -> object | None:
@@ -344,7 +336,8 @@ def shutdown() -> None:
     if runtime.metrics_publisher is not None:
         runtime.metrics_publisher.stop()  # type: ignore[attr-defined]
     runtime.engine.shutdown(timeout=collective_timeout().total_seconds() + 5)
-    for groups in [*runtime.lane_groups, *runtime.process_sets.all_groups()]:
+    runtime.lanes.shutdown()
+    for groups in runtime.process_sets.all_groups():
         groups.shutdown()
     DataGroups(runtime.control_group).shutdown()
 

@@ -33,7 +33,7 @@ from .process_set_table import ProcessSetTable
 from .requests import DATA_OPS, OpType, Request, RequestMeta
 from .response_cache import ResponseCache
 from .stall_inspector import StallInspector
-from .timeline import NullTimeline, TimelineWriter
+from .timeline import NullTimeline, TimelineWriter, backend_activity
 from .wakeup import Waker
 
 
@@ -81,8 +81,7 @@ def thread_cpu_seconds(thread: threading.Thread) -> float:
 
 def _backend_activity(response: Response) -> str:
     """The timeline name of the backend step, e.g. ``GLOO_ALLREDUCE`` or ``NCCL_BROADCAST``."""
-    backend = "NCCL" if response.template.device == "cuda" else "GLOO"
-    return f"{backend}_{response.op_type.value.upper()}"
+    return backend_activity(response.template.device, response.op_type.value)
 
 
 #: A burst of submissions counts as over once no request came for this long.

@@ -19,21 +19,13 @@ import torch.distributed as dist
 
 from ..metrics.counters import METRICS
 from ..reduction import ReduceOp
+from .allreduce import Scaling, start_allreduce
 from .completion import Launched
 from .negotiation import Response
 from .requests import OpType, Request, RequestMeta
 
 if TYPE_CHECKING:
     from .process_set_table import ProcessSetTable
-
-_C10D_REDUCE_OPS = {
-    ReduceOp.AVERAGE: dist.ReduceOp.SUM,
-    ReduceOp.SUM: dist.ReduceOp.SUM,
-    ReduceOp.MIN: dist.ReduceOp.MIN,
-    ReduceOp.MAX: dist.ReduceOp.MAX,
-    ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT,
-}
-
 
 @dataclass
 class DataGroups:
@@ -62,15 +54,6 @@ class DataGroups:
                     pass
 
 
-def _scale(tensor: torch.Tensor, factor: float) -> None:
-    if factor == 1.0:
-        return
-    if tensor.dtype.is_floating_point or tensor.dtype.is_complex:
-        tensor.mul_(factor)
-    else:
-        tensor.copy_((tensor.double() * factor).to(tensor.dtype))
-
-
 def _wire_view(tensor: torch.Tensor) -> torch.Tensor:
     """What Gloo can move: bool and int16 tensors travel as bytes (dimension 0 is kept, for splits)."""
     if tensor.dtype == torch.bool:
@@ -80,10 +63,6 @@ def _wire_view(tensor: torch.Tensor) -> torch.Tensor:
         per_row = math.prod(tensor.shape[1:]) if tensor.dim() else 1
         return tensor.view(rows, per_row).view(torch.uint8)
     return tensor
-
-
-#: Gloo cannot reduce these; they are reduced in a wider type and converted back.
-_REDUCE_AS = {torch.int16: torch.int32}
 
 
 def _zeros_like_meta(meta: RequestMeta, first_dim: int | None = None) -> torch.Tensor:
@@ -215,30 +194,9 @@ class Executor:
     @staticmethod
     def _start_reduce(buffer: torch.Tensor, meta: RequestMeta, group: dist.ProcessGroup | None,
                       size: int) -> Launched:
-        """Prescale and start the allreduce of ``buffer``; finishing averages and postscales it in place."""
-        op = ReduceOp(meta.reduce_op)
-        METRICS.reduced(buffer.numel() * buffer.element_size())
-        _scale(buffer, meta.prescale_factor)
-        wide_dtype = _REDUCE_AS.get(buffer.dtype) if group is not None else None
-        wire = buffer.to(wide_dtype) if wide_dtype is not None else buffer
-
-        def start(group: dist.ProcessGroup) -> dist.Work:
-            options = dist.AllreduceOptions()
-            options.reduceOp = _C10D_REDUCE_OPS[op]
-            return group.allreduce([wire], options)
-
-        def finish() -> torch.Tensor:
-            if wire is not buffer:
-                buffer.copy_(wire)
-            if buffer.dtype.is_floating_point or buffer.dtype.is_complex:
-                if op is ReduceOp.AVERAGE:
-                    buffer.div_(size)
-                _scale(buffer, meta.postscale_factor)
-            else:  # integers: one scaling in float64, truncated toward zero (as Horovod does)
-                _scale(buffer, meta.postscale_factor / size if op is ReduceOp.AVERAGE else meta.postscale_factor)
-            return buffer
-
-        return _launch(group, start, finish)
+        """Start the allreduce of ``buffer`` with ``meta``'s op and scaling (see ``runtime.allreduce``)."""
+        scaling = Scaling(ReduceOp(meta.reduce_op), meta.prescale_factor, meta.postscale_factor)
+        return start_allreduce(buffer, scaling, group, size)
 
     def _allreduce(self, response: Response, buffer: torch.Tensor | None, group: dist.ProcessGroup | None,
                    size: int) -> Launched:

@@ -46,6 +46,11 @@ _FLUSH_THRESHOLD = 1 << 16
 _IDLE, _NEGOTIATING, _TOP_LEVEL, _ACTIVITY = range(4)
 
 
+def backend_activity(device: str, op: str) -> str:
+    """The timeline name of a collective's backend step on ``device``, e.g. ``GLOO_ALLREDUCE``."""
+    return f"{'NCCL' if device == 'cuda' else 'GLOO'}_{op.upper()}"
+
+
 def _shape_string(shape: Sequence[int]) -> str:
     """``(2, 3)`` → ``"[2, 3]"``, the way Horovod prints a tensor shape."""
     return "[" + ", ".join(str(int(dim)) for dim in shape) + "]"

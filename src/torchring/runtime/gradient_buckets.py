@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .runtime.fusion import SEPARATE_AT_BYTES
+from .fusion import SEPARATE_AT_BYTES
 
 #: The first bucket of a step is small, so that its allreduce starts early in backward.
 FIRST_BUCKET_BYTES = 1024 * 1024
@@ -68,3 +68,28 @@ def plan_buckets(params: Sequence[torch.Tensor], cap_bytes: int) -> list[Bucket]
             close()
     close()
     return buckets
+
+
+def pack_bucket(bucket: Bucket) -> torch.Tensor:
+    """What ``bucket`` reduces: the gradient itself for a bucket of one, else its gradients concatenated
+    into the bucket's flat buffer."""
+    params = bucket.params
+    if len(params) == 1:
+        return params[0].grad
+    flat = bucket.flat_buffer()
+    torch.cat([param.grad.reshape(-1) for param in params], out=flat)
+    return flat
+
+
+def unpack_bucket(bucket: Bucket, reduced: torch.Tensor) -> None:
+    """Copy ``reduced`` (what ``pack_bucket`` packed, after reduction) back into the bucket's gradients."""
+    params = bucket.params
+    if len(params) == 1 and reduced.shape == params[0].grad.shape:
+        if reduced is not params[0].grad:
+            params[0].grad.copy_(reduced)
+        return
+    offset = 0
+    for param in params:
+        count = param.numel()
+        param.grad.copy_(reduced[offset:offset + count].view_as(param.grad))
+        offset += count

@@ -1,0 +1,97 @@
+"""The gradient lanes of one initialisation: their process groups, the lanes themselves, their CPU time.
+
+One ``LaneRegistry`` belongs to each ``Runtime``. ``DistributedOptimizer`` opens its lane through it
+(collectively: every member opens lanes at the same point, in the same order, which the lane vote
+ensures), ``join()`` asks it for the lanes to shadow, and ``shutdown()`` releases their groups. A
+re-initialisation creates a new runtime and so a new registry: lanes of the old one are never used
+again.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .executor import DataGroups
+from .gradient_buckets import Bucket
+from .gradient_lane import GradientLane, LaneSettings
+
+#: Opens the data groups of a lane: (store prefix, process set id) -> groups over the set's members.
+GroupOpener = Callable[[str, int], DataGroups]
+
+
+class LaneRegistry:
+    """Every lane opened since ``init()``, in opening order, and the groups they reduce on."""
+
+    def __init__(self, prefix: str, open_groups: GroupOpener, timeline: Callable[[], Any]) -> None:
+        self._prefix = prefix
+        self._open_groups = open_groups
+        self._timeline = timeline
+        self._lock = threading.Lock()
+        self._opened_per_set: dict[int, int] = {}
+        self._groups: list[DataGroups] = []
+        self._lanes: list[GradientLane] = []
+        #: CPU seconds the lanes spent: [everything, of which packing, unpacking and copies].
+        self._cpu_seconds = [0.0, 0.0]
+
+    def open_lane(self, process_set: int, buckets: Sequence[Bucket], names: Sequence[str],
+                  settings: LaneSettings) -> GradientLane:
+        """A new lane over ``process_set``'s members, on groups of its own. Collective."""
+        with self._lock:
+            serial = self._opened_per_set.get(process_set, 0)
+            self._opened_per_set[process_set] = serial + 1
+        groups = self._open_groups(f"{self._prefix}/lane{process_set}.{serial}", process_set)
+        lane = GradientLane(buckets, names, groups, settings, self._timeline, self._add_cpu_seconds)
+        with self._lock:
+            self._groups.append(groups)
+            self._lanes.append(lane)
+        return lane
+
+    def owns(self, lane: GradientLane) -> bool:
+        """True when ``lane`` was opened through this registry (not before a re-initialisation)."""
+        with self._lock:
+            return any(known is lane for known in self._lanes)
+
+    def shadow_all(self) -> None:
+        """For ``join()``: take part with zeros in every open lane until all ranks have joined. Lanes
+        run concurrently, each on its own group, since training ranks step their optimizers in any order."""
+        with self._lock:
+            lanes = list(self._lanes)
+        if len(lanes) <= 1:
+            for lane in lanes:
+                lane.shadow_until_all_joined()
+            return
+        errors: list[BaseException] = []
+
+        def shadow(lane: GradientLane) -> None:
+            try:
+                lane.shadow_until_all_joined()
+            except BaseException as error:  # noqa: BLE001 - re-raised in the joining thread
+                errors.append(error)
+
+        threads = [threading.Thread(target=shadow, args=(lane,), name="torchring-join-lane", daemon=True)
+                   for lane in lanes]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+
+    def cpu_seconds(self) -> tuple[float, float]:
+        """CPU time the lanes spent so far: bookkeeping and launching, and packing, unpacking and copies
+        (the copies a DDP reducer makes too)."""
+        total, copies = self._cpu_seconds
+        return total - copies, copies
+
+    def shutdown(self) -> None:
+        """Release every lane's groups (``shutdown()``)."""
+        with self._lock:
+            groups, self._groups, self._lanes = self._groups, [], []
+        for group in groups:
+            group.shutdown()
+
+    def _add_cpu_seconds(self, total: float, copies: float) -> None:
+        self._cpu_seconds[0] += total
+        self._cpu_seconds[1] += copies

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .handles import reset_auto_names
 from .process_sets import ProcessSet, global_process_set
 from .runtime import context
+from .runtime.handles import reset_auto_names
 from .runtime.settings import Settings
 
 

@@ -24,11 +24,11 @@ from .collectives import synchronize as wait_handle
 from .compression import Compression, Compressor
 from .gradient_buckets import Bucket, plan_buckets
 from .gradient_lane import GradientLane, LaneSettings
-from .handles import submission_batch
 from .metrics.counters import METRICS
 from .process_sets import ProcessSet, global_process_set
 from .reduction import Average, ReduceOp, resolve_op
 from .runtime import context
+from .runtime.handles import submission_batch
 
 _Param = torch.nn.Parameter
 #: Marks a gradient that is reduced as part of its bucket's flat allreduce.

@@ -54,6 +54,7 @@ from .collectives import (
 )
 from .compression import Compression
 from .exceptions import HorovodInternalError, HostsUpdatedInterrupt, TensorMismatchError
+from .function_job import run
 from .functions import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from .grouped import (
     grouped_allgather,
@@ -65,7 +66,6 @@ from .grouped import (
     grouped_reducescatter,
     grouped_reducescatter_async,
 )
-from .launch.function import run
 from .logging_utils import get_logger, progress
 from .optimizer import DistributedOptimizer
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set

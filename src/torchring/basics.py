@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from . import config
-from .handles import reset_auto_names
 from .process_sets import ProcessSet, global_process_set
 from .runtime import context
+from .runtime.handles import reset_auto_names
+from .runtime.settings import Settings
 
 
 def init(comm: object = None, process_sets: Sequence[ProcessSet] | str | None = None) -> None:
@@ -22,14 +22,15 @@ def init(comm: object = None, process_sets: Sequence[ProcessSet] | str | None = 
                          "torchring run, torchrun, srun or mpirun and call init() without arguments")
     if context.is_initialized():
         return
-    dynamic = process_sets == "dynamic" or config.bool_setting("DYNAMIC_PROCESS_SETS", False)
+    settings = Settings.from_env()
+    dynamic = process_sets == "dynamic" or settings.dynamic_process_sets
     static = [] if process_sets is None or isinstance(process_sets, str) else list(process_sets)
     if isinstance(process_sets, str) and process_sets != "dynamic":
         raise ValueError(f"process_sets must be a list of ProcessSet or 'dynamic', got {process_sets!r}")
     for process_set in static:
         if not isinstance(process_set, ProcessSet):
             raise ValueError(f"process_sets must hold ProcessSet objects, got {type(process_set).__name__}")
-    ids = context.init([tuple(ps.ranks) for ps in static], dynamic)
+    ids = context.init([tuple(ps.ranks) for ps in static], dynamic, settings)
     for process_set, process_set_id in zip(static, ids, strict=True):
         process_set.process_set_id = process_set_id
     global_process_set.ranks = list(range(context.current().topology.size))

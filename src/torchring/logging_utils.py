@@ -30,28 +30,18 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any, TextIO
 
-from . import config
+from .contract import RANK, SIZE, horovod_name
 from .metrics.counters import record_samples
+from .runtime import settings
 
 #: Environment variables holding this process's rank, in the order they are tried.
-RANK_VARIABLES = ("TORCHRING_RANK", "HOROVOD_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
+RANK_VARIABLES = (RANK, horovod_name(RANK), "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
 #: Environment variables holding the number of ranks, in the order they are tried.
-SIZE_VARIABLES = ("TORCHRING_SIZE", "HOROVOD_SIZE", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
+SIZE_VARIABLES = (SIZE, horovod_name(SIZE), "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
 
 #: Log line layout; ``rank`` and ``host`` are added to each record when it is emitted.
 LOG_FORMAT = "[rank %(rank)s on %(host)s] %(asctime)s %(levelname)s %(name)s: %(message)s"
 DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
-
-_LEVELS = {
-    "trace": logging.DEBUG,
-    "debug": logging.DEBUG,
-    "info": logging.INFO,
-    "warning": logging.WARNING,
-    "warn": logging.WARNING,
-    "error": logging.ERROR,
-    "fatal": logging.CRITICAL,
-    "critical": logging.CRITICAL,
-}
 
 _clock = time.monotonic  # replaced by tests that need a controlled clock
 
@@ -99,15 +89,11 @@ def current_size() -> int:
 
 
 def log_level() -> int:
-    """The :mod:`logging` level named by ``TORCHRING_LOG_LEVEL``/``HOROVOD_LOG_LEVEL`` (INFO when unset)."""
-    raw = config.setting("LOG_LEVEL")
-    if raw is None:
-        return logging.INFO
-    level = _LEVELS.get(raw.strip().lower())
-    if level is None:
-        raise ValueError(f"TORCHRING_LOG_LEVEL/HOROVOD_LOG_LEVEL={raw!r}: use one of "
-                         "TRACE, DEBUG, INFO, WARNING, ERROR, FATAL")
-    return level
+    """The :mod:`logging` level named by ``TORCHRING_LOG_LEVEL``/``HOROVOD_LOG_LEVEL`` (INFO when unset).
+
+    It accepts what ``hvd.init()`` accepts (``settings.LOG_LEVELS``)."""
+    level = settings.read("LOG_LEVEL")
+    return logging.INFO if level is None else level
 
 
 class RankFilter(logging.Filter):

@@ -18,19 +18,18 @@ from typing import Any
 
 import torch
 
-from . import config
 from .collectives import allreduce, allreduce_async_, sparse_allreduce_async
 from .collectives import synchronize as wait_handle
 from .compression import Compression, Compressor
-from .handles import submission_batch
 from .metrics.counters import METRICS
 from .process_sets import ProcessSet, global_process_set
 from .reduction import Average, ReduceOp, resolve_op
-from .runtime import context
+from .runtime import context, settings
 from .runtime.allreduce import Scaling
 from .runtime.bucket_reducers import BucketReducer, EngineBucketReducer, ReductionSpec
 from .runtime.gradient_buckets import Bucket, plan_buckets
 from .runtime.gradient_lane import GradientLane, LaneSettings
+from .runtime.handles import submission_batch
 
 _Param = torch.nn.Parameter
 #: Marks a gradient that is reduced as part of its bucket's flat allreduce.
@@ -124,7 +123,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._groups = _split_groups(groups, self._params)
         self._group_of = {p: index for index, group in enumerate(self._groups) for p in group}
         self._group_ready: dict[int, list[torch.Tensor]] = {}
-        cap_bytes = int(config.float_setting("BUCKET_CAP_MB", 25.0) * 1024 * 1024)
+        cap_bytes = int(settings.read("BUCKET_CAP_MB") * 1024 * 1024)
         self._buckets = plan_buckets([p for p in self._params if p not in self._group_of], cap_bytes)
         self._bucket_of = {p: bucket for bucket in self._buckets for p in bucket.params}
         self._engine_reducer = EngineBucketReducer(self._spec, self._engine_name)
@@ -313,7 +312,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _lane_possible(self) -> bool:
         """Whether this rank can reduce its buckets on a lane (dense float gradients, Average or Sum)."""
-        return (config.bool_setting("GRADIENT_LANE", True) and self.op in _LANE_OPS and not self._groups
+        return (settings.read("GRADIENT_LANE") and self.op in _LANE_OPS and not self._groups
                 and not self._sparse_dims and all(p.dtype in _LANE_DTYPES for p in self._params))
 
     def _vote_for_lane(self) -> None:
@@ -329,14 +328,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         elif verdict == _LANE_YES:
             runtime = context.current()
             stall = runtime.engine.settings
-            settings = LaneSettings(
+            lane_settings = LaneSettings(
                 set_size=self._process_set.size(), set_rank=self._process_set.rank(),
                 scaling=self._spec.scaling, compression=self._compression,
                 stall_warning_s=stall.stall_warning_s if stall.stall_check_enabled else 0.0,
                 stall_shutdown_s=stall.stall_shutdown_s,
             )
             self._lane = runtime.lanes.open_lane(self._process_set.process_set_id, self._buckets,
-                                                 [self._bucket_name(b) for b in self._buckets], settings)
+                                                 [self._bucket_name(b) for b in self._buckets], lane_settings)
             self._lane_voting = False
 
     def _bucket_name(self, bucket: Bucket) -> str:

@@ -64,7 +64,7 @@ def resolve(process_set: ProcessSet | None) -> int:
 
 def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     """Register a new process set; every rank must call this, in the same order (dynamic sets only)."""
-    from .handles import submit, synchronize
+    from .runtime.handles import submit, synchronize
     from .runtime.requests import OpType, RequestMeta
 
     runtime = context.current()
@@ -90,7 +90,7 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
 
 def remove_process_set(process_set: ProcessSet) -> bool:
     """Unregister ``process_set`` on every rank (all must call); False for the global set or an unknown one."""
-    from .handles import submit, synchronize
+    from .runtime.handles import submit, synchronize
     from .runtime.requests import OpType, RequestMeta
 
     runtime = context.current()

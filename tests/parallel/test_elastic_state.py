@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import torchring as hvd
+from torchring.contract import HOSTS_VERSION_KEY
 from torchring.elastic.checkpoint import CHECKPOINT_FILE
 from torchring.runtime import context
-from torchring.store_keys import HOSTS_VERSION_KEY
 
 
 def _model() -> torch.nn.Module:

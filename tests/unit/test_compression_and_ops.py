@@ -1,10 +1,9 @@
-"""Compression, reduction op resolution and settings."""
+"""Compression and reduction op resolution."""
 
 import pytest
 import torch
 
 from torchring.compression import Compression
-from torchring.config import bool_setting, float_setting, setting
 from torchring.reduction import ReduceOp, resolve_op
 
 
@@ -30,12 +29,3 @@ def test_resolve_op():
     with pytest.raises(ValueError, match="Unknown"):
         resolve_op(42, None)
 
-
-def test_settings_prefer_torchring_names():
-    env = {"TORCHRING_CYCLE_TIME": "2.5", "HOROVOD_CYCLE_TIME": "9", "HOROVOD_STALL_CHECK_DISABLE": "1"}
-    assert setting("CYCLE_TIME", env) == "2.5"
-    assert float_setting("CYCLE_TIME", 1.0, env) == 2.5
-    assert bool_setting("STALL_CHECK_DISABLE", False, env) is True
-    assert float_setting("FUSION_THRESHOLD", 7.0, env) == 7.0
-    with pytest.raises(ValueError, match="HOROVOD_CYCLE_TIME"):
-        float_setting("CYCLE_TIME", 1.0, {"HOROVOD_CYCLE_TIME": "fast"})

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .. import config
+from ..runtime import settings
 
 #: The file name inside the checkpoint directory.
 CHECKPOINT_FILE = "torchring-elastic-state.pt"
@@ -28,7 +28,7 @@ def resolve_checkpoint_dir(explicit: str | os.PathLike[str] | None = None) -> Pa
     """The directory commits persist to: the argument, else ``TORCHRING_CHECKPOINT_DIR``, else None."""
     if explicit is not None:
         return Path(explicit)
-    value = config.setting("CHECKPOINT_DIR")
+    value = settings.read("CHECKPOINT_DIR")
     return Path(value) if value else None
 
 

@@ -1,7 +1,7 @@
 """What a worker learns about the job's membership from an elastic launcher.
 
 An elastic ``torchring run`` sets ``TORCHRING_ELASTIC=1`` and publishes, under
-``store_keys.HOSTS_VERSION_KEY``, a counter it bumps whenever hosts are added or removed. Workers
+``contract.HOSTS_VERSION_KEY``, a counter it bumps whenever hosts are added or removed. Workers
 compare it with the version they last saw at each ``commit()``/``check_host_updates()``.
 """
 
@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import config
-from ..runtime import context
-from ..store_keys import HOSTS_VERSION_KEY
+from ..contract import HOSTS_VERSION_KEY
+from ..runtime import context, settings
 
 
 @dataclass(frozen=True)
@@ -24,19 +23,12 @@ class HostsVersion:
 
 def elastic_mode() -> bool:
     """True when an elastic launcher started this worker (``TORCHRING_ELASTIC=1``)."""
-    return config.bool_setting("ELASTIC", False)
+    return settings.read("ELASTIC")
 
 
 def reset_limit() -> int | None:
     """How many resets the job allows (``TORCHRING_RESET_LIMIT``), None for no limit."""
-    raw = config.setting("RESET_LIMIT")
-    if raw is None:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"TORCHRING_RESET_LIMIT must be an integer, got {raw!r}") from None
-    return value if value >= 0 else None
+    return settings.read("RESET_LIMIT")
 
 
 def current_hosts_version() -> HostsVersion:

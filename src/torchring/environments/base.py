@@ -6,6 +6,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..contract import STORE_ADDR, STORE_PORT
+
 
 @dataclass(frozen=True)
 class RankInfo:
@@ -76,8 +78,8 @@ class ClusterEnvironment(ABC):
 
     def store_address(self, default_port: int | None = None) -> tuple[str, int]:
         """The rendezvous address from TORCHRING_STORE_ADDR/PORT or MASTER_ADDR/PORT."""
-        host = self.env.get("TORCHRING_STORE_ADDR") or self.env.get("MASTER_ADDR")
-        port = self.integer("TORCHRING_STORE_PORT", "MASTER_PORT", default=default_port)
+        host = self.env.get(STORE_ADDR) or self.env.get("MASTER_ADDR")
+        port = self.integer(STORE_PORT, "MASTER_PORT", default=default_port)
         if not host or port is None:
             raise LaunchEnvironmentError(
                 f"{self.name} environment detected, but no rendezvous address: set MASTER_ADDR and "

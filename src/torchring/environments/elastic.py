@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from ..store_keys import ELASTIC_GENERATION_KEY, elastic_arrived_key, elastic_assignment_key
+from ..contract import ELASTIC, ELASTIC_GENERATION_KEY, WORKER_ID, elastic_arrived_key, elastic_assignment_key
+from ..runtime import settings
 from .base import ClusterEnvironment, LaunchEnvironmentError, RankInfo, Rendezvous
 
 _POLL_S = 0.05
@@ -50,11 +51,11 @@ class ElasticLauncherEnvironment(ClusterEnvironment):
 
     @classmethod
     def detect(cls, env: Mapping[str, str]) -> bool:
-        return env.get("TORCHRING_ELASTIC") == "1" and bool(env.get("TORCHRING_WORKER_ID"))
+        return env.get(ELASTIC) == "1" and bool(env.get(WORKER_ID))
 
     @property
     def worker_id(self) -> str:
-        return self.env["TORCHRING_WORKER_ID"]
+        return self.env[WORKER_ID]
 
     def rank_info(self) -> RankInfo:
         raise LaunchEnvironmentError("an elastic worker learns its rank from the launcher at init (join())")
@@ -64,8 +65,7 @@ class ElasticLauncherEnvironment(ClusterEnvironment):
         return Rendezvous(host, port)
 
     def timeout_s(self) -> float:
-        raw = self.env.get("TORCHRING_ELASTIC_TIMEOUT")
-        return float(raw) if raw else 600.0
+        return settings.read("ELASTIC_TIMEOUT", self.env)
 
     def join(self, store: dist.Store) -> Assignment:
         """Wait for this worker's place in a new generation and for every rank of it to arrive."""

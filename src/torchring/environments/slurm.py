@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from ..contract import STORE_ADDR
 from .base import ClusterEnvironment, RankInfo, Rendezvous
 
 
@@ -37,7 +38,7 @@ class SlurmEnvironment(ClusterEnvironment):
         )
 
     def rendezvous(self) -> Rendezvous:
-        if not (self.env.get("MASTER_ADDR") or self.env.get("TORCHRING_STORE_ADDR")):
+        if not (self.env.get("MASTER_ADDR") or self.env.get(STORE_ADDR)):
             nodelist = self.env.get("SLURM_STEP_NODELIST") or self.env.get("SLURM_JOB_NODELIST")
             if nodelist:
                 job_id = self.integer("SLURM_JOB_ID", default=0) or 0

@@ -24,9 +24,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..compat import SHIM_PATH
+from ..contract import (
+    ELASTIC,
+    ELASTIC_GENERATION_KEY,
+    ELASTIC_TIMEOUT,
+    HOSTNAME,
+    HOSTS_VERSION_KEY,
+    RESET_LIMIT,
+    STORE_ADDR,
+    STORE_PORT,
+    WORKER_ID,
+    elastic_assignment_key,
+)
 from ..environments.base import RankInfo
 from ..environments.elastic import format_assignment
-from ..store_keys import ELASTIC_GENERATION_KEY, HOSTS_VERSION_KEY, elastic_assignment_key
 from .discovery import Blacklist, HostDiscovery
 from .hosts import is_local_host
 from .local import spawn_local, terminate_groups
@@ -286,11 +297,11 @@ class ElasticDriver:
         env = self.make_env(remote)
         report = self._reports.get(host)
         address = report.launcher_address if (remote and report and report.launcher_address) else "127.0.0.1"
-        env.update(TORCHRING_ELASTIC="1", TORCHRING_WORKER_ID=worker_id, TORCHRING_HOSTNAME=host,
-                   TORCHRING_STORE_ADDR=address, TORCHRING_STORE_PORT=str(self.server.port), MASTER_ADDR=address,
-                   MASTER_PORT=str(self.server.port), TORCHRING_ELASTIC_TIMEOUT=str(self.settings.elastic_timeout_s))
+        env.update({ELASTIC: "1", WORKER_ID: worker_id, HOSTNAME: host, STORE_ADDR: address,
+                    STORE_PORT: str(self.server.port), "MASTER_ADDR": address, "MASTER_PORT": str(self.server.port),
+                    ELASTIC_TIMEOUT: str(self.settings.elastic_timeout_s)})
         if self.settings.reset_limit is not None:
-            env["TORCHRING_RESET_LIMIT"] = str(self.settings.reset_limit)
+            env[RESET_LIMIT] = str(self.settings.reset_limit)
         env.setdefault("PYTHONUNBUFFERED", "1")
         cpus = (report.cpus if remote and report else os.cpu_count()) or 1
         env.setdefault("OMP_NUM_THREADS", str(max(1, cpus // max(1, self._slots.get(host, 1)))))

@@ -16,16 +16,10 @@ from typing import Any
 import cloudpickle
 import torch.distributed as dist
 
+from ..contract import FUNCTION_KEY, STORE_ADDR, STORE_PORT, function_result_key
 from .hosts import HostSlots, parse_hostfile, parse_hosts
 from .run import RunConfig, run_job
 from .ssh import SshOptions
-
-FUNCTION_KEY = "torchring/function/payload"
-
-
-def result_key(rank: int) -> str:
-    """Where rank ``rank`` puts its pickled result."""
-    return f"torchring/function/result/{rank}"
 
 
 class FunctionJobError(RuntimeError):
@@ -67,8 +61,8 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, A
 
     def collect(store: dist.Store) -> None:
         for rank in range(size):
-            if store.check([result_key(rank)]):
-                results[rank] = cloudpickle.loads(store.get(result_key(rank)))
+            if store.check([function_result_key(rank)]):
+                results[rank] = cloudpickle.loads(store.get(function_result_key(rank)))
 
     code = run_job(config, with_store=give, after_job=collect)
     if code != 0:
@@ -83,5 +77,5 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, A
 def _environment_store() -> dist.Store:
     from datetime import timedelta
 
-    return dist.TCPStore(os.environ["TORCHRING_STORE_ADDR"], int(os.environ["TORCHRING_STORE_PORT"]),
+    return dist.TCPStore(os.environ[STORE_ADDR], int(os.environ[STORE_PORT]),
                          is_master=False, timeout=timedelta(seconds=60))

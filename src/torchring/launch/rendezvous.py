@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from ..store_keys import peer_failure_key
+from ..contract import peer_failure_key
 
 
 class RendezvousServer:

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from ..compat import SHIM_PATH
+from ..contract import METRICS_PUBLISH
 from ..version import __version__
 from .containers import ContainerOptions, container_name, docker_run_argv, stop_argv
 from .discovery import HostDiscovery
@@ -207,7 +208,7 @@ def _serve_metrics(config: RunConfig, store: dist.Store, max_ranks: int) -> dict
                       "--metrics-port") from None
     if config.verbose:
         print(f"torchring run: metrics at http://<this host>:{config.metrics_port}/metrics", file=sys.stderr)
-    return {"TORCHRING_METRICS_PUBLISH": "1"}
+    return {METRICS_PUBLISH: "1"}
 
 
 #: Any of these flags makes a job elastic.

@@ -8,12 +8,13 @@ import traceback
 
 import cloudpickle
 
-from .function import FUNCTION_KEY, _environment_store, result_key
+from ..contract import FUNCTION_KEY, RANK, function_result_key
+from .function import _environment_store
 
 
 def main() -> int:
     store = _environment_store()
-    rank = int(os.environ["TORCHRING_RANK"])
+    rank = int(os.environ[RANK])
     fn, args, kwargs = cloudpickle.loads(store.get(FUNCTION_KEY))
     try:
         result = fn(*args, **kwargs)
@@ -23,7 +24,7 @@ def main() -> int:
     import torchring
 
     torchring.shutdown()  # a no-op unless the function initialised torchring; orderly on every rank
-    store.set(result_key(rank), cloudpickle.dumps(result))
+    store.set(function_result_key(rank), cloudpickle.dumps(result))
     return 0
 
 

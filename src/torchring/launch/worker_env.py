@@ -5,6 +5,18 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from ..contract import (
+    CROSS_RANK,
+    CROSS_SIZE,
+    HOSTNAME,
+    LOCAL_RANK,
+    LOCAL_SIZE,
+    RANK,
+    SIZE,
+    STORE_ADDR,
+    STORE_PORT,
+    horovod_name,
+)
 from .hosts import SlotAssignment
 
 
@@ -13,19 +25,18 @@ def worker_environment(base: Mapping[str, str], slot: SlotAssignment, store_host
     """``base`` plus everything rank ``slot.rank`` needs to find its place and the rendezvous store."""
     env = dict(base)
     topology = {
-        "RANK": slot.rank,
-        "SIZE": slot.size,
-        "LOCAL_RANK": slot.local_rank,
-        "LOCAL_SIZE": slot.local_size,
-        "CROSS_RANK": slot.cross_rank,
-        "CROSS_SIZE": slot.cross_size,
+        RANK: slot.rank,
+        SIZE: slot.size,
+        LOCAL_RANK: slot.local_rank,
+        LOCAL_SIZE: slot.local_size,
+        CROSS_RANK: slot.cross_rank,
+        CROSS_SIZE: slot.cross_size,
+        HOSTNAME: slot.hostname,
     }
-    for key, value in topology.items():
-        env[f"TORCHRING_{key}"] = str(value)
-        env[f"HOROVOD_{key}"] = str(value)
-    env["TORCHRING_HOSTNAME"] = env["HOROVOD_HOSTNAME"] = slot.hostname
-    env["TORCHRING_STORE_ADDR"] = store_host
-    env["TORCHRING_STORE_PORT"] = str(store_port)
+    for name, value in topology.items():
+        env[name] = env[horovod_name(name)] = str(value)
+    env[STORE_ADDR] = store_host
+    env[STORE_PORT] = str(store_port)
     # torchrun's variables, so that init_process_group(init_method="env://") works unchanged; the
     # launcher serves the store, as torchrun's agent does.
     env.update(

@@ -22,16 +22,12 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from ..contract import metrics_snapshot_key
 from .counters import METRICS, PHASES
 
 logger = logging.getLogger("torchring")
 
 PUBLISH_INTERVAL_S = 1.0
-
-
-def snapshot_key(rank: int) -> str:
-    """Where rank ``rank`` publishes its snapshot in the job's store."""
-    return f"torchring/metrics/{rank}"
 
 
 def families(snapshots: dict[int, dict[str, Any]]) -> Iterator[Any]:
@@ -102,7 +98,7 @@ class JobCollector(Collector):
     def collect(self) -> Iterator[Any]:
         snapshots = {}
         for rank in range(self.max_ranks):
-            key = snapshot_key(rank)
+            key = metrics_snapshot_key(rank)
             try:
                 if self.store.check([key]):
                     snapshots[rank] = json.loads(self.store.get(key))
@@ -134,7 +130,7 @@ class Publisher:
 
     def publish(self) -> None:
         try:
-            self.store.set(snapshot_key(self.rank), json.dumps(METRICS.snapshot()))
+            self.store.set(metrics_snapshot_key(self.rank), json.dumps(METRICS.snapshot()))
         except Exception:  # noqa: BLE001 - the store may be gone at shutdown; metrics are best effort
             pass
 

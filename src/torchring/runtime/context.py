@@ -14,7 +14,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .. import config
+from ..contract import elastic_generation_prefix, generation_prefix, peer_failure_key
 from ..environments import (
     ClusterEnvironment,
     ElasticLauncherEnvironment,
@@ -23,12 +23,12 @@ from ..environments import (
     detect_environment,
 )
 from ..exceptions import NOT_INITIALIZED_MESSAGE
-from ..store_keys import peer_failure_key
 from .control import ControlChannel
 from .engine import Engine, EngineSettings
 from .executor import DataGroups, Executor
 from .lanes import GroupOpener, LaneRegistry
 from .process_set_table import ProcessSetTable
+from .settings import Settings
 from .timeline import NullTimeline, TimelineWriter
 from .topology import Topology, exchange_topology
 from .wakeup import LocalWaker, StoreWaker, Waker
@@ -48,6 +48,8 @@ class Runtime:
     engine: Engine
     generation: int
     dynamic_process_sets: bool
+    #: The settings parsed at this ``init()``.
+    settings: Settings
     #: ``DistributedOptimizer``'s gradient lanes and their groups (see ``runtime.lanes``).
     lanes: LaneRegistry
     #: Publishes this rank's metrics to the launcher (``torchring run --metrics-port``), if asked.
@@ -61,17 +63,17 @@ _served_stores: dict[tuple[str, int], dist.Store] = {}
 _atexit_registered = False
 
 
-def start_timeout() -> timedelta:
+def start_timeout(settings: Settings) -> timedelta:
     """How long rendezvous waits for every rank (``TORCHRING_START_TIMEOUT``, default 300 s)."""
-    return timedelta(seconds=config.float_setting("START_TIMEOUT", 300.0))
+    return timedelta(seconds=settings.start_timeout)
 
 
-def collective_timeout() -> timedelta:
+def collective_timeout(settings: Settings) -> timedelta:
     """How long one collective may wait for a peer (``HOROVOD_GLOO_TIMEOUT_SECONDS``, default 30 s)."""
-    return timedelta(seconds=config.float_setting("GLOO_TIMEOUT_SECONDS", 30.0))
+    return timedelta(seconds=settings.gloo_timeout_seconds)
 
 
-def _open_store(rendezvous: Rendezvous) -> dist.Store:
+def _open_store(rendezvous: Rendezvous, timeout: timedelta) -> dist.Store:
     if rendezvous.host is None:
         return dist.HashStore()
     assert rendezvous.port is not None
@@ -79,12 +81,12 @@ def _open_store(rendezvous: Rendezvous) -> dist.Store:
         key = (rendezvous.host, rendezvous.port)
         if key not in _served_stores:  # kept for the process: a re-init must not rebind the port
             _served_stores[key] = dist.TCPStore(
-                rendezvous.host, rendezvous.port, is_master=True, timeout=start_timeout(), wait_for_workers=False
+                rendezvous.host, rendezvous.port, is_master=True, timeout=timeout, wait_for_workers=False
             )
         return _served_stores[key]
     try:
         return dist.TCPStore(
-            rendezvous.host, rendezvous.port, is_master=False, timeout=start_timeout(), wait_for_workers=False
+            rendezvous.host, rendezvous.port, is_master=False, timeout=timeout, wait_for_workers=False
         )
     except Exception as error:
         raise RuntimeError(
@@ -93,63 +95,34 @@ def _open_store(rendezvous: Rendezvous) -> dist.Store:
         ) from error
 
 
-_LOG_LEVELS = {"trace": logging.DEBUG, "debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
-               "error": logging.ERROR, "fatal": logging.CRITICAL}
-
-
-def _apply_log_level() -> None:
-    """``HOROVOD_LOG_LEVEL`` (trace, debug, info, warning, error, fatal) sets torchring's logger level."""
-    raw = config.setting("LOG_LEVEL")
-    if raw is None:
-        return
-    level = _LOG_LEVELS.get(raw.strip().lower())
-    if level is None:
-        raise ValueError(f"HOROVOD_LOG_LEVEL={raw!r}: use one of {', '.join(_LOG_LEVELS)}")
-    logger.setLevel(level)
-
-
-def _check_tuning_settings() -> None:
-    """Validate the knobs the engine reads (a bad value is an error naming the variable)."""
-    if config.float_setting("FUSION_THRESHOLD", 128 * 1024 * 1024) < 0:
-        raise ValueError("HOROVOD_FUSION_THRESHOLD must be >= 0 bytes (0 turns fusion off)")
-    if config.float_setting("CACHE_CAPACITY", 1024) < 0:
-        raise ValueError("HOROVOD_CACHE_CAPACITY must be >= 0 (0 turns the response cache off)")
-    if config.float_setting("CYCLE_TIME", 1.0) < 0:
-        raise ValueError("HOROVOD_CYCLE_TIME must be >= 0 milliseconds")
-
-
-def _initial_timeline(rank: int) -> TimelineWriter | None:
+def _initial_timeline(rank: int, settings: Settings) -> TimelineWriter | None:
     """Rank 0's timeline when ``HOROVOD_TIMELINE`` names a file (``DYNAMIC``: none until start_timeline())."""
-    path = config.setting("TIMELINE")
+    path = settings.timeline
     if rank != 0 or path is None or path.upper() == "DYNAMIC":
         return None
-    return TimelineWriter(path, mark_cycles=config.bool_setting("TIMELINE_MARK_CYCLES", False))
+    return TimelineWriter(path, mark_cycles=settings.timeline_mark_cycles)
 
 
-#: How long engines keep cycling without work before they block (fewer wake-ups between training steps).
-IDLE_AFTER_SECONDS = 0.0
-
-
-def _shorten_gil_switch_interval() -> None:
+def _shorten_gil_switch_interval(settings: Settings) -> None:
     """Let the engine thread in sooner while the training thread runs Python code.
 
     Python hands the GIL to a waiting thread only every ``sys.getswitchinterval()`` (5 ms by default);
     a negotiation cycle that waits that long delays every rank. ``TORCHRING_GIL_SWITCH_INTERVAL_MS``
     overrides the 0.5 ms used here; without it, an interval the program already made shorter is kept.
     """
-    wanted = config.float_setting("GIL_SWITCH_INTERVAL_MS", 0.5) / 1000.0
-    if wanted > 0 and (config.setting("GIL_SWITCH_INTERVAL_MS") is not None or sys.getswitchinterval() > wanted):
+    given = settings.gil_switch_interval_ms
+    wanted = (0.5 if given is None else given) / 1000.0
+    if wanted > 0 and (given is not None or sys.getswitchinterval() > wanted):
         sys.setswitchinterval(wanted)
 
 
-def _engine_settings(control: ControlChannel) -> EngineSettings:
+def _engine_settings(control: ControlChannel, settings: Settings) -> EngineSettings:
     """The engine's knobs; those every rank must share (fusion threshold, cache capacity, cycles before
     idling) are rank 0's."""
-    cycle_time_s = config.float_setting("CYCLE_TIME", 1.0) / 1000.0
-    idle_after_s = config.float_setting("IDLE_AFTER_MS", IDLE_AFTER_SECONDS * 1000.0) / 1000.0
+    cycle_time_s = settings.cycle_time / 1000.0
+    idle_after_s = settings.idle_after_ms / 1000.0
     idle_cycles = max(1, min(1000, math.ceil(idle_after_s / max(cycle_time_s, 1e-6))))
-    local = (int(config.float_setting("FUSION_THRESHOLD", 128 * 1024 * 1024)),
-             int(config.float_setting("CACHE_CAPACITY", 1024)), idle_cycles)
+    local = (settings.fusion_threshold, settings.cache_capacity, idle_cycles)
     everyone = [tuple(map(int, raw.split())) for raw in control.allgather_bytes(" ".join(map(str, local)).encode())]
     fusion_threshold, cache_capacity, idle_cycles = everyone[0]
     if control.rank == 0 and any(values[:2] != everyone[0][:2] for values in everyone):
@@ -158,21 +131,21 @@ def _engine_settings(control: ControlChannel) -> EngineSettings:
                        cache_capacity)
     return EngineSettings(
         cycle_time_s=cycle_time_s,
-        stall_check_enabled=not config.bool_setting("STALL_CHECK_DISABLE", False),
-        stall_warning_s=config.float_setting("STALL_CHECK_TIME_SECONDS", 60.0),
-        stall_shutdown_s=config.float_setting("STALL_SHUTDOWN_TIME_SECONDS", 0.0),
+        stall_check_enabled=not settings.stall_check_disable,
+        stall_warning_s=settings.stall_check_time_seconds,
+        stall_shutdown_s=settings.stall_shutdown_time_seconds,
         fusion_threshold=fusion_threshold,
         cache_capacity=cache_capacity,
         idle_cycles=idle_cycles,
     )
 
 
-def _cuda_group(store: dist.Store, rank: int, size: int) -> dist.ProcessGroup | None:
+def _cuda_group(store: dist.Store, rank: int, size: int, timeout: timedelta) -> dist.ProcessGroup | None:
     if not (torch.cuda.is_available() and dist.is_nccl_available()):
         return None
     try:
         options = dist.ProcessGroupNCCL.Options()
-        options._timeout = collective_timeout()
+        options._timeout = timeout
         return dist.ProcessGroupNCCL(store, rank, size, options)
     except (RuntimeError, AttributeError, TypeError) as error:
         logger.warning("NCCL is unavailable (%s); collectives on CUDA tensors will fail", error)
@@ -197,59 +170,63 @@ def _gloo_group(store: dist.Store, rank: int, size: int, timeout: timedelta, thr
     return dist.ProcessGroupGloo(store, rank, size, options)
 
 
-def _wait_for_all_ranks(store: dist.Store, prefix: str, rank: int, size: int) -> None:
+def _wait_for_all_ranks(store: dist.Store, prefix: str, rank: int, size: int, timeout: timedelta) -> None:
     """Meet every rank in the store (within the start timeout) before creating the groups, so that ranks
     which start late only need ``START_TIMEOUT``; a rank that never comes is named in the error."""
     store.set(f"{prefix}/arrived/{rank}", "1")
     keys = [f"{prefix}/arrived/{r}" for r in range(size)]
     try:
-        store.wait(keys, start_timeout())
+        store.wait(keys, timeout)
     except dist.DistStoreError:
         missing = [r for r, key in enumerate(keys) if not store.check([key])]
         raise RuntimeError(
-            f"torchring rendezvous timed out after {start_timeout().total_seconds():.0f}s: rank(s) {missing} of "
+            f"torchring rendezvous timed out after {timeout.total_seconds():.0f}s: rank(s) {missing} of "
             f"{size} never called hvd.init(). Check their output; raise TORCHRING_START_TIMEOUT if they start slowly."
         ) from None
 
 
-def _data_groups(store: dist.Store, base: str, set_rank: int, size: int) -> DataGroups:
+def _data_groups(store: dist.Store, base: str, set_rank: int, size: int, timeout: timedelta) -> DataGroups:
     """New Gloo (and NCCL) groups under store prefix ``base`` (no Gloo group in a set of one rank)."""
     cpu = None
     if size > 1:
-        cpu = dist.ProcessGroupGloo(dist.PrefixStore(f"{base}/gloo", store), set_rank, size, collective_timeout())
-    return DataGroups(cpu=cpu, cuda=_cuda_group(dist.PrefixStore(f"{base}/nccl", store), set_rank, size))
+        cpu = dist.ProcessGroupGloo(dist.PrefixStore(f"{base}/gloo", store), set_rank, size, timeout)
+    return DataGroups(cpu=cpu, cuda=_cuda_group(dist.PrefixStore(f"{base}/nccl", store), set_rank, size, timeout))
 
 
-def _group_factory(store: dist.Store, prefix: str) -> Callable[[int, tuple[int, ...], int], DataGroups]:
+def _group_factory(store: dist.Store, prefix: str,
+                   timeout: timedelta) -> Callable[[int, tuple[int, ...], int], DataGroups]:
     """Creates the Gloo (and NCCL) groups of a process set; called by its members only."""
 
     def make(process_set: int, members: tuple[int, ...], set_rank: int) -> DataGroups:
-        return _data_groups(store, f"{prefix}/set{process_set}", set_rank, len(members))
+        return _data_groups(store, f"{prefix}/set{process_set}", set_rank, len(members), timeout)
 
     return make
 
 
-def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets: bool = False) -> list[int]:
+def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets: bool = False,
+         settings: Settings | None = None) -> list[int]:
     """Join the job: discover ranks, rendezvous, create the process groups and start the engine.
 
     ``process_sets`` lists the member ranks of extra process sets every rank creates now; their ids
-    are returned in order. Calling it again while initialised does nothing; after ``shutdown()`` it
-    starts a fresh rendezvous.
+    are returned in order. ``settings`` defaults to ``Settings.from_env()``. Calling it again while
+    initialised does nothing; after ``shutdown()`` it starts a fresh rendezvous.
     """
     global _runtime, _generation, _atexit_registered
     with _lock:
         if _runtime is not None:
             return []
-        _apply_log_level()
-        _check_tuning_settings()
-        _shorten_gil_switch_interval()
+        settings = Settings.from_env() if settings is None else settings
+        if settings.log_level is not None:
+            logger.setLevel(settings.log_level)
+        _shorten_gil_switch_interval(settings)
+        rendezvous_timeout, timeout = start_timeout(settings), collective_timeout(settings)
         environment = detect_environment()
         _generation += 1
         if isinstance(environment, ElasticLauncherEnvironment):
             # rank and size come from the elastic launcher's current generation, once all its ranks are in
-            store = _open_store(environment.rendezvous())
+            store = _open_store(environment.rendezvous(), rendezvous_timeout)
             assignment = environment.join(store)
-            info, prefix = assignment.info, f"torchring/elastic-{assignment.generation}"
+            info, prefix = assignment.info, elastic_generation_prefix(assignment.generation)
             _generation = max(_generation, assignment.generation + 1)
             rendezvous = environment.rendezvous()
         else:
@@ -257,11 +234,10 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
             if not 0 <= info.rank < info.size:
                 raise ValueError(f"rank {info.rank} is outside a job of size {info.size} ({environment.name})")
             rendezvous = environment.rendezvous()
-            store = _open_store(rendezvous)
-            prefix = f"torchring/{_generation}"
+            store = _open_store(rendezvous, rendezvous_timeout)
+            prefix = generation_prefix(_generation)
             if info.size > 1:
-                _wait_for_all_ranks(store, prefix, info.rank, info.size)
-        timeout = collective_timeout()
+                _wait_for_all_ranks(store, prefix, info.rank, info.size, rendezvous_timeout)
         control_group = data_group = None
         if info.size > 1:
             control_group = _gloo_group(dist.PrefixStore(f"{prefix}/control", store), info.rank, info.size,
@@ -269,9 +245,9 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
             data_group = dist.ProcessGroupGloo(dist.PrefixStore(f"{prefix}/data", store), info.rank,
                                                info.size, timeout)
         data_groups = DataGroups(
-            cpu=data_group, cuda=_cuda_group(dist.PrefixStore(f"{prefix}/nccl", store), info.rank, info.size)
+            cpu=data_group, cuda=_cuda_group(dist.PrefixStore(f"{prefix}/nccl", store), info.rank, info.size, timeout)
         )
-        table = ProcessSetTable(info.rank, info.size, data_groups, _group_factory(store, prefix))
+        table = ProcessSetTable(info.rank, info.size, data_groups, _group_factory(store, prefix, timeout))
         for members in process_sets or []:
             if not members or any(not 0 <= r < info.size for r in members):
                 raise ValueError(f"process set ranks {list(members)} must be ranks of this job (size {info.size})")
@@ -281,16 +257,17 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
         waker: Waker = LocalWaker()
         if info.size > 1:
             assert rendezvous.host is not None and rendezvous.port is not None
-            waker = StoreWaker(rendezvous.host, rendezvous.port, f"{prefix}/wake/", start_timeout())
+            waker = StoreWaker(rendezvous.host, rendezvous.port, f"{prefix}/wake/", rendezvous_timeout)
         engine = Engine(info.rank, info.size, control, Executor(table, info.rank), table, waker,
-                        _engine_settings(control), _peer_failure_reporter(environment, store, info.rank))
-        timeline = _initial_timeline(info.rank)
+                        _engine_settings(control, settings), _peer_failure_reporter(environment, store, info.rank))
+        timeline = _initial_timeline(info.rank, settings)
         if timeline is not None:
             engine.timeline = timeline
         engine.start()
-        lanes = LaneRegistry(f"torchring/{_generation}", _lane_group_opener(store, table), lambda: engine.timeline)
+        lanes = LaneRegistry(generation_prefix(_generation), _lane_group_opener(store, table, timeout),
+                             lambda: engine.timeline)
         _runtime = Runtime(environment, topology, store, control_group, table, engine, _generation,
-                           dynamic_process_sets, lanes, _start_metrics(store, topology))
+                           dynamic_process_sets, settings, lanes, _start_metrics(store, topology, settings))
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True
@@ -298,32 +275,27 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
         return process_set_ids
 
 
-def _lane_group_opener(store: dist.Store, table: ProcessSetTable) -> GroupOpener:
+def _lane_group_opener(store: dist.Store, table: ProcessSetTable, timeout: timedelta) -> GroupOpener:
     """How gradient lanes get groups: new Gloo (and NCCL) groups over a process set's members."""
 
     def open_groups(prefix: str, process_set: int) -> DataGroups:
         members = table.members(process_set)
         if members is None:
             raise ValueError(f"process set {process_set} is not registered")
-        return _data_groups(store, prefix, table.set_rank(process_set), len(members))
+        return _data_groups(store, prefix, table.set_rank(process_set), len(members), timeout)
 
     return open_groups
 
 
-def _start_metrics(store: dist.Store, topology: Topology) -> object | None:
+def _start_metrics(store: dist.Store, topology: Topology, settings: Settings) -> object | None:
     """Publish metrics to the launcher (``TORCHRING_METRICS_PUBLISH=1``) or serve them on
     ``TORCHRING_METRICS_PORT`` + local rank; nothing when neither is set."""
-    publish = config.bool_setting("METRICS_PUBLISH", False)
-    port = config.setting("METRICS_PORT")
-    if not publish and not port:
+    if not settings.metrics_publish and settings.metrics_port is None:
         return None
     from ..metrics.exporter import start_rank_metrics
 
-    try:
-        port_number = int(port) if port else None
-    except ValueError:
-        raise ValueError(f"TORCHRING_METRICS_PORT must be a port number, got {port!r}") from None
-    return start_rank_metrics(store, topology.rank, topology.local_rank, publish, port_number)
+    return start_rank_metrics(store, topology.rank, topology.local_rank, settings.metrics_publish,
+                              settings.metrics_port)
 
 
 def shutdown() -> None:
@@ -335,7 +307,7 @@ def shutdown() -> None:
         return
     if runtime.metrics_publisher is not None:
         runtime.metrics_publisher.stop()  # type: ignore[attr-defined]
-    runtime.engine.shutdown(timeout=collective_timeout().total_seconds() + 5)
+    runtime.engine.shutdown(timeout=collective_timeout(runtime.settings).total_seconds() + 5)
     runtime.lanes.shutdown()
     for groups in runtime.process_sets.all_groups():
         groups.shutdown()

@@ -10,8 +10,8 @@ from typing import Any, Protocol
 
 import torch
 
-from .runtime import context
-from .runtime.requests import Handle, Request, RequestMeta
+from . import context
+from .requests import Handle, Request, RequestMeta
 
 SUPPORTED_DTYPES = frozenset({
     torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,

@@ -1,0 +1,91 @@
+"""The names the launcher and the ranks share: the variables ``torchring run`` sets for each rank, and
+the keys both sides use in the job's rendezvous store.
+
+The launcher (``torchring.launch``) writes them; the ranks (``torchring.environments``, ``runtime``,
+``elastic``, ``metrics``) read them. Both sides import the names from here, so neither can drift from
+the other. This module imports nothing, so the launcher can use it without loading the runtime.
+"""
+
+# ---- variables the launcher sets for every rank -------------------------------------------------
+
+#: A rank's place under a fixed-size ``torchring run``. The launcher sets each of them under
+#: Horovod's name too (``horovod_name``), which programs written for horovodrun read.
+RANK = "TORCHRING_RANK"
+SIZE = "TORCHRING_SIZE"
+LOCAL_RANK = "TORCHRING_LOCAL_RANK"
+LOCAL_SIZE = "TORCHRING_LOCAL_SIZE"
+CROSS_RANK = "TORCHRING_CROSS_RANK"
+CROSS_SIZE = "TORCHRING_CROSS_SIZE"
+HOSTNAME = "TORCHRING_HOSTNAME"
+TOPOLOGY_VARIABLES = (RANK, SIZE, LOCAL_RANK, LOCAL_SIZE, CROSS_RANK, CROSS_SIZE, HOSTNAME)
+
+
+def horovod_name(variable: str) -> str:
+    """Horovod's name for a ``TORCHRING_`` variable: ``HOROVOD_RANK`` for ``TORCHRING_RANK``."""
+    return "HOROVOD_" + variable.removeprefix("TORCHRING_")
+
+
+#: The rendezvous store every rank connects to (torchrun's ``MASTER_ADDR``/``MASTER_PORT`` are set too).
+STORE_ADDR = "TORCHRING_STORE_ADDR"
+STORE_PORT = "TORCHRING_STORE_PORT"
+#: ``0`` when the launcher does not serve the store, so rank 0 does (default: the launcher serves it).
+STORE_SERVED = "TORCHRING_STORE_SERVED"
+
+#: ``1`` for the workers of an elastic ``torchring run``, which learn their rank from the store.
+ELASTIC = "TORCHRING_ELASTIC"
+#: The elastic worker's name in the launcher's assignments (``elastic_assignment_key``).
+WORKER_ID = "TORCHRING_WORKER_ID"
+#: Seconds an elastic worker waits for a place in a new generation (``--elastic-timeout``).
+ELASTIC_TIMEOUT = "TORCHRING_ELASTIC_TIMEOUT"
+#: How many resets the elastic job allows (``--reset-limit``).
+RESET_LIMIT = "TORCHRING_RESET_LIMIT"
+#: ``1`` when the launcher collects the ranks' metrics from the store (``--metrics-port``).
+METRICS_PUBLISH = "TORCHRING_METRICS_PUBLISH"
+
+# ---- keys in the rendezvous store ---------------------------------------------------------------
+
+
+def peer_failure_key(rank: int) -> str:
+    """Where a rank records that its operations failed because of another rank (read by the launcher)."""
+    return f"torchring/peer_failure/{rank}"
+
+
+#: Where the elastic launcher publishes the host set's version: ``"<version> <added|removed>"``.
+HOSTS_VERSION_KEY = "torchring/elastic/hosts_version"
+
+#: The elastic launcher's current generation (an integer): the membership workers join at init.
+ELASTIC_GENERATION_KEY = "torchring/elastic/generation"
+
+
+def elastic_assignment_key(generation: int, worker_id: str) -> str:
+    """A worker's place in ``generation``: ``"rank size local_rank local_size cross_rank cross_size host"``."""
+    return f"torchring/elastic/{generation}/assign/{worker_id}"
+
+
+def elastic_arrived_key(generation: int, rank: int) -> str:
+    """Set by rank ``rank`` once it has joined ``generation``."""
+    return f"torchring/elastic/{generation}/arrived/{rank}"
+
+
+def metrics_snapshot_key(rank: int) -> str:
+    """Where rank ``rank`` publishes its metrics snapshot for the launcher."""
+    return f"torchring/metrics/{rank}"
+
+
+#: The pickled function and arguments of ``torchring.run(fn)``, put by the launcher.
+FUNCTION_KEY = "torchring/function/payload"
+
+
+def function_result_key(rank: int) -> str:
+    """Where rank ``rank`` of ``torchring.run(fn)`` puts its pickled result."""
+    return f"torchring/function/result/{rank}"
+
+
+def generation_prefix(generation: int) -> str:
+    """The store prefix of one ``init()`` of a fixed-size job (its groups, arrivals and wake-ups)."""
+    return f"torchring/{generation}"
+
+
+def elastic_generation_prefix(generation: int) -> str:
+    """The store prefix of one generation of an elastic job."""
+    return f"torchring/elastic-{generation}"

@@ -23,7 +23,7 @@ def start(cluster, tmp_path, hosts, *flags, env=None):
     log = tmp_path / "committed.jsonl"
     command = [sys.executable, "-m", "torchring.cli", "run", "--host-discovery-script", f"cat {pool}",
                "--slots-per-host", "1", *flags, "-x", "ELASTIC_LOG", "-x", "ELASTIC_STEP_SLEEP", "-x",
-               "ELASTIC_EPOCHS", "-x", "FAIL_ON_HOST",
+               "ELASTIC_EPOCHS", "-x", "FAIL_ON_HOST", "-x", "ELASTIC_GROW_TO",
                sys.executable, str(SCRIPT)]
     job_env = cluster.env({**os.environ, "ELASTIC_LOG": str(log), "ELASTIC_STEP_SLEEP": "0.06",
                            "ELASTIC_EPOCHS": str(EPOCHS), **(env or {})})
@@ -90,7 +90,8 @@ def test_losing_a_host_mid_epoch_finishes_on_the_others(cluster, tmp_path):
 
 
 def test_an_added_host_grows_the_job(cluster, tmp_path):
-    process, pool, log = start(cluster, tmp_path, ["h1", "h2"], "--min-np", "2", "--max-np", "3")
+    process, pool, log = start(cluster, tmp_path, ["h1", "h2"], "--min-np", "2", "--max-np", "3",
+                               env={"ELASTIC_GROW_TO": "3"})
     lines = []
     wait_for_progress(process, 5, lines)
     pool.write_text("h1\nh2\nh3\n")

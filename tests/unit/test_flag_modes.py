@@ -22,6 +22,7 @@ ELASTIC = ["--min-np", "2", "--max-np", "2", "-H", "localhost:2"]
     (["-np", "2", "--horovod-compat", "--image", "img"], "--horovod-compat cannot reach into --image containers"),
     ([*ELASTIC, "--horovod-compat", "--image", "img"], "--horovod-compat cannot reach into --image containers"),
     ([*ELASTIC, "--slots-per-host", "0"], "--slots-per-host must be at least 1"),
+    (["-np", "2", "--image-workdir", "/w"], "--image-workdir and --image-no-gpus need --image"),
 ])
 def test_a_flag_the_job_cannot_honour_is_refused_by_name(capsys, flags, message):
     assert main(["run", *flags, "python", "train.py"]) == 2

@@ -115,7 +115,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     containers.add_argument("--image-shm-size", help="give containers this /dev/shm size instead of --ipc=host")
     containers.add_argument("--image-volume", action="append", default=[], metavar="SRC:DST",
                             help="mount this volume in every container (repeatable)")
-    containers.add_argument("--image-workdir", default="/workspace",
+    containers.add_argument("--image-workdir",
                             help="working directory inside the containers (default /workspace)")
     containers.add_argument("--image-no-gpus", action="store_true", help="do not pass --gpus all (CPU images)")
     parser.add_argument("--config-file", help="YAML file with values for these flags (flags given here win)")
@@ -168,15 +168,15 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                      args.verbose, args.horovod_compat, tuning_environment(args), ssh, tuple(args.network_interface),
                      args.output_filename, tuple(args.forward), extra_env, elastic, args.host_discovery_script,
                      args.slots_per_host, _metrics_port(args.metrics_port), _container_options(args),
-                     args.image_workdir)
+                     args.image_workdir or "/workspace")
 
 
 def _container_options(args: argparse.Namespace) -> ContainerOptions | None:
     if not args.image:
-        if args.image_shm_size or args.image_volume or args.image_no_gpus:
-            raise ValueError("--image-shm-size, --image-volume and --image-no-gpus need --image")
+        if args.image_shm_size or args.image_volume or args.image_no_gpus or args.image_workdir:
+            raise ValueError("--image-shm-size, --image-volume, --image-workdir and --image-no-gpus need --image")
         return None
-    if not args.image_workdir.startswith("/"):
+    if args.image_workdir and not args.image_workdir.startswith("/"):
         raise ValueError(f"--image-workdir {args.image_workdir!r} must be an absolute path inside the container")
     return ContainerOptions(image=args.image, gpus=not args.image_no_gpus, shm_size=args.image_shm_size,
                             volumes=tuple(args.image_volume))

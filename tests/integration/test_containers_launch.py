@@ -44,3 +44,22 @@ def test_ranks_run_in_containers_and_are_stopped_after(tmp_path):
         assert not any(item.startswith("PATH=") for item in run)
         name = run[run.index("--name") + 1]
         assert ["stop", "-t", "5", name] in stops
+
+
+def test_elastic_workers_run_in_containers_with_their_output_files(tmp_path):
+    bin_dir, log = fake_docker(tmp_path)
+    code = ("import os, torchring as hvd, torch; hvd.init(); "
+            "print(os.environ['TORCHRING_WORKER_ID'], hvd.allreduce(torch.ones(1), op=hvd.Sum).item(), os.getcwd()); "
+            "hvd.shutdown()")
+    out = tmp_path / "out"
+    result = run_job("run", "--min-np", "2", "--max-np", "2", "-H", "localhost:2", "--image", "train:1",
+                     "--image-no-gpus", "--image-workdir", str(tmp_path), "--output-filename", str(out),
+                     sys.executable, "-c", code, env={"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
+    assert result.returncode == 0, result.stderr
+    for number in (0, 1):
+        assert (out / f"worker.{number}" / "stdout").read_text() == f"w{number} 2.0 {tmp_path}\n"
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    names = sorted(run[run.index("--name") + 1] for run in calls if run[0] == "run")
+    assert len(names) == 2 and all(name.startswith("torchring-") for name in names)
+    assert [name[-8:] for name in names] == ["-worker0", "-worker1"]
+    assert sorted(c[-1] for c in calls if c[0] == "stop") == names

@@ -4,7 +4,7 @@ import json
 import subprocess
 import sys
 
-from .jobs import ROOT, SCRIPTS, run_job
+from .jobs import ROOT, SCRIPTS, run_job, start_job
 
 
 def test_run_function_returns_results_in_rank_order_and_reports_failures():
@@ -37,14 +37,48 @@ def test_config_file_sets_flags_and_command_line_wins(tmp_path):
     assert result.returncode == 2 and "unknown key 'fusion'" in result.stderr
 
 
-def test_elastic_job_on_this_host(tmp_path):
+def test_elastic_job_on_this_host_honours_output_filename_ranks_and_verbose(tmp_path):
     script = ROOT / "tests" / "multihost" / "scripts" / "elastic_train.py"
-    log = tmp_path / "committed.jsonl"
-    result = run_job("run", "--min-np", "2", "--max-np", "2", "-H", "localhost:2", sys.executable, str(script),
+    log, out = tmp_path / "committed.jsonl", tmp_path / "out"
+    result = run_job("run", "--min-np", "2", "--max-np", "2", "-H", "localhost:2", "--output-filename", str(out),
+                     "--ranks", "1", "--verbose", sys.executable, str(script),
                      env={"ELASTIC_LOG": str(log), "ELASTIC_EPOCHS": "1", "ELASTIC_STEP_SLEEP": "0"})
     assert result.returncode == 0, result.stderr
     assert "elastic job started with 2 workers on localhost" in result.stderr
-    finals = sorted(line for line in result.stdout.splitlines() if "final rank" in line)
-    assert len(finals) == 2 and len({line.split("checksum")[1] for line in finals}) == 1
+    assert "elastic job: --min-np 2, --max-np 2, rendezvous port" in result.stderr
+    assert "worker w0 started on localhost (pid" in result.stderr and "worker w1 started on localhost" in result.stderr
+    # --ranks 1: only the worker holding rank 1 reaches the console; every worker's output is in its files
+    assert all(line.startswith("[w1]<") for line in (result.stdout + result.stderr).splitlines()
+               if line.startswith("[w"))
+    finals = [(out / f"worker.{n}" / "stdout").read_text() for n in (0, 1)]
+    assert "final rank 0 size 2" in finals[0] and "final rank 1 size 2" in finals[1]
+    assert "progress epoch 0 batch 0 size 2" in finals[0] and (out / "worker.1" / "stderr").exists()
+    checksums = {text.split("checksum")[1].strip() for text in finals}
+    assert len(checksums) == 1
     indices = [i for line in log.read_text().splitlines() for i in json.loads(line)["indices"]]
     assert sorted(indices) == list(range(240))
+
+
+def test_workers_stranded_when_training_ends_are_stopped(tmp_path):
+    """A worker started for a new generation just as the others finished training waits in hvd.init()
+    for peers that will never come: the launcher stops it instead of waiting for --elastic-timeout."""
+    pool, flag = tmp_path / "pool", tmp_path / "w1-started"
+    pool.write_text("localhost:1\n")
+    code = ("import os, pathlib, sys, time; flag = pathlib.Path(sys.argv[1]); first = "
+            "os.environ['TORCHRING_WORKER_ID'] == 'w0'\n"
+            "if not first: flag.touch()\n"
+            "import torchring as hvd; hvd.init(); print('ready', flush=True)\n"
+            "while first and not flag.exists(): time.sleep(0.02)\n")
+    process, _ = start_job("run", "--min-np", "1", "--max-np", "2", "--host-discovery-script", f"cat {pool}",
+                           "--elastic-timeout", "300", sys.executable, "-c", code, str(flag))
+    assert process.stdout.readline().strip() == "[w0]<stdout>:ready"
+    pool.write_text("localhost:2\n")
+    try:
+        _, stderr = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise AssertionError(f"the job did not end: {process.communicate()[1][-2000:]}") from None
+    assert process.returncode == 0, stderr
+    assert "membership changed: 1 -> 2 workers (worker started on localhost)" in stderr
+    assert "worker w1 on localhost stopped: training ended before generation 1 could start" in stderr
+    assert "1 worker(s) completed training" in stderr

@@ -23,7 +23,7 @@ def start(cluster, tmp_path, hosts, *flags, env=None):
     log = tmp_path / "committed.jsonl"
     command = [sys.executable, "-m", "torchring.cli", "run", "--host-discovery-script", f"cat {pool}",
                "--slots-per-host", "1", *flags, "-x", "ELASTIC_LOG", "-x", "ELASTIC_STEP_SLEEP", "-x",
-               "ELASTIC_EPOCHS", "-x", "FAIL_ON_HOST",
+               "ELASTIC_EPOCHS", "-x", "FAIL_ON_HOST", "-x", "ELASTIC_GROW_TO",
                sys.executable, str(SCRIPT)]
     job_env = cluster.env({**os.environ, "ELASTIC_LOG": str(log), "ELASTIC_STEP_SLEEP": "0.06",
                            "ELASTIC_EPOCHS": str(EPOCHS), **(env or {})})
@@ -90,15 +90,19 @@ def test_losing_a_host_mid_epoch_finishes_on_the_others(cluster, tmp_path):
 
 
 def test_an_added_host_grows_the_job(cluster, tmp_path):
-    process, pool, log = start(cluster, tmp_path, ["h1", "h2"], "--min-np", "2", "--max-np", "3")
+    out = tmp_path / "out"
+    process, pool, log = start(cluster, tmp_path, ["h1", "h2"], "--min-np", "2", "--max-np", "3",
+                               "--output-filename", str(out), "--verbose", env={"ELASTIC_GROW_TO": "3"})
     lines = []
     wait_for_progress(process, 5, lines)
     pool.write_text("h1\nh2\nh3\n")
     stdout, stderr = finish(process, lines)
     assert process.returncode == 0, stderr[-3000:]
     assert re.search(r"membership changed: 2 -> 3 workers \(worker started on h3\)", stderr), stderr
+    assert "preflight on h3" in stderr and "worker w2 started on h3 (over SSH)" in stderr
     checksums = final_checksums(stdout)
     assert sorted(checksums) == [0, 1, 2] and len({c for _, c in checksums.values()}) == 1
+    assert f"final rank 2 size 3 checksum {checksums[2][1]}" in (out / "worker.2" / "stdout").read_text()
     assert_every_sample_once_per_epoch(log, 3)
     assert_hosts_empty(cluster)
 

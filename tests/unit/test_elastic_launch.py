@@ -68,6 +68,7 @@ def test_elastic_flags():
                             "--blacklist-cooldown-range", "10", "20", "--elastic-timeout", "60")
     assert config.elastic.min_np == 2 and config.elastic.max_np == 4 and config.elastic.reset_limit == 5
     assert config.elastic.cooldown_range_s == (10.0, 20.0) and config.elastic.elastic_timeout_s == 60.0
+    assert config.elastic.initial_np == 3  # the first generation waits for -np workers
     discovered = elastic_config("--min-np", "2", "--host-discovery-script", "./hosts.sh", "--slots-per-host", "4")
     assert discovered.elastic.max_np >= 1 << 20 and discovered.discovery_script == "./hosts.sh"
     assert discovered.slots_per_host == 4 and discovered.hosts == []

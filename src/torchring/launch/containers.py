@@ -88,8 +88,9 @@ def _check_name(name: str) -> str:
     return name
 
 
-def container_name(job_id: str, rank: int) -> str:
-    """The container name of ``rank`` in job ``job_id``: ``torchring-<job id>-rank<N>``.
+def container_name(job_id: str, rank: int, role: str = "rank") -> str:
+    """The container name of ``rank`` in job ``job_id``: ``torchring-<job id>-rank<N>`` (``role`` "worker"
+    names elastic worker N instead: ``torchring-<job id>-worker<N>``).
 
     Characters Docker does not allow in names become ``-``; when the job id had to change (or was cut to
     64 characters), a short hash of the original is added, so different job ids keep different names.
@@ -98,11 +99,13 @@ def container_name(job_id: str, rank: int) -> str:
         raise ValueError(f"job_id must be a non-empty string, got {job_id!r}")
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
         raise ValueError(f"rank must be a non-negative integer, got {rank!r}")
+    if role not in ("rank", "worker"):
+        raise ValueError(f"role must be 'rank' or 'worker', got {role!r}")
     cleaned = re.sub(r"[^a-zA-Z0-9_.-]+", "-", job_id).strip("-_.")[:_JOB_ID_CHARS]
     if cleaned != job_id:
         digest = hashlib.sha1(job_id.encode("utf-8", "surrogatepass")).hexdigest()[:8]
         cleaned = f"{cleaned}-{digest}" if cleaned else digest
-    return _check_name(f"torchring-{cleaned}-rank{rank}")
+    return _check_name(f"torchring-{cleaned}-{role}{rank}")
 
 
 def docker_run_argv(options: ContainerOptions, command: Sequence[str], env: Mapping[str, str], workdir: str,

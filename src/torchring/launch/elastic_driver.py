@@ -11,41 +11,35 @@ slots. When discovery adds hosts, new workers start there, the host-set version 
 running workers join them at their next ``commit()``. Below ``--min-np`` the driver waits up to
 ``--elastic-timeout`` for hosts, then ends every worker with an error. Every membership change is
 logged with the time, the old and new size and the reason; ``--reset-limit`` bounds the resets.
+
+Workers start through the job's ``Spawner`` (locally, over SSH or in containers, with output prefixed
+``[wN]`` and, with ``--output-filename``, written to ``DIR/worker.N/``); remote hosts pass the same
+preflight as in a fixed job the first time they appear. ``--ranks`` shows the output of the workers that
+hold those ranks in the latest generation.
 """
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..compat import SHIM_PATH
-from ..contract import (
-    ELASTIC,
-    ELASTIC_GENERATION_KEY,
-    ELASTIC_TIMEOUT,
-    HOSTNAME,
-    HOSTS_VERSION_KEY,
-    RESET_LIMIT,
-    STORE_ADDR,
-    STORE_PORT,
-    WORKER_ID,
-    elastic_assignment_key,
-)
+from ..contract import ELASTIC_GENERATION_KEY, HOSTS_VERSION_KEY, elastic_arrived_key, elastic_assignment_key
 from ..environments.base import RankInfo
 from ..environments.elastic import format_assignment
 from .discovery import Blacklist, HostDiscovery
 from .hosts import is_local_host
-from .local import spawn_local, terminate_groups
+from .local import terminate_groups
 from .output import OutputRelay
+from .preflight import check_hosts
 from .rendezvous import RendezvousServer
-from .ssh import HostReport, SshOptions, probe_host, send_spec, spawn_remote
+from .spawner import ProcessName, Spawner
+from .ssh import SshOptions
 from .supervisor import describe_returncode
-from .worker_env import forwarded_environment
+from .worker_env import elastic_variables
 
 
 @dataclass(frozen=True)
@@ -58,6 +52,8 @@ class ElasticSettings:
     elastic_timeout_s: float = 600.0
     cooldown_range_s: tuple[float, float] | None = None
     discovery_interval_s: float = 1.0
+    #: ``-np``: how many workers the first generation waits for (default: ``min_np``).
+    initial_np: int | None = None
 
 
 @dataclass
@@ -110,33 +106,40 @@ def assign_generation(workers: list[ElasticWorker], host_order: list[str]) -> di
 class ElasticDriver:
     """Runs an elastic job to its end; ``run()`` returns the exit code."""
 
-    def __init__(self, command: list[str], settings: ElasticSettings, discovery: HostDiscovery,
-                 make_env: Callable[[bool], dict[str, str]], ssh_options: SshOptions, port: int = 0,
-                 horovod_compat: bool = False, log: Callable[[str], None] | None = None) -> None:
-        self.command = command
+    def __init__(self, settings: ElasticSettings, discovery: HostDiscovery, spawner: Spawner,
+                 server: RendezvousServer, ssh_options: SshOptions, network_interfaces: Sequence[str] = (),
+                 ranks_to_show: frozenset[int] | None = None, verbose: bool = False,
+                 log: Callable[[str], None] | None = None) -> None:
         self.settings = settings
         self.discovery = discovery
-        self.make_env = make_env
+        self.spawner = spawner
+        self.server = server
         self.ssh_options = ssh_options
-        self.horovod_compat = horovod_compat
+        self.network_interfaces = tuple(network_interfaces)
+        self.ranks_to_show = ranks_to_show
+        self.verbose = verbose
         self.log = log or (lambda message: print(f"torchring run: {message}", file=sys.stderr, flush=True))
-        self.server = RendezvousServer("127.0.0.1", port)
         self.blacklist = Blacklist(settings.cooldown_range_s)
         self.workers: list[ElasticWorker] = []
         self.generation = -1
         self.hosts_version = 0
         self.resets = 0
-        self._reports: dict[str, HostReport] = {}
+        self._checked_hosts: set[str] = set()
         self._next_worker = 0
         self._stop_signal: int | None = None
         self._host_order: list[str] = []
         self._slots: dict[str, int] = {}
-        #: Size of the last generation published.
+        #: Size of the last generation published, and the rank of each of its workers.
         self._published_size = 0
+        self._members: dict[str, int] = {}
 
     # ---- the loop -------------------------------------------------------------------------------
 
     def run(self) -> int:
+        """Run the job until training ends, it fails for good or the launcher is stopped; the exit code."""
+        if self.verbose:
+            self.log(f"elastic job: --min-np {self.settings.min_np}, --max-np {self.settings.max_np}, "
+                     f"rendezvous port {self.server.port}")
         previous = {sig: signal.signal(sig, self._on_signal)
                     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         try:
@@ -170,6 +173,7 @@ class ElasticDriver:
             if any(w.returncode == 0 for w in self.workers):
                 finished = True  # training is over: no more rescaling, let the others end
             if finished:
+                self._stop_stranded()
                 if not self.live:
                     return self._final_code()
                 time.sleep(0.1)
@@ -188,16 +192,17 @@ class ElasticDriver:
             target = min(self.settings.max_np, len(self.live) + len(free))
             wants_growth = target > len(self.live)
             if change.reasons or wants_growth or self.generation < 0 or below_min_since is not None:
-                if target < self.settings.min_np:
+                needed, flag = self._needed()
+                if target < needed:
                     below_min_since = below_min_since or now
                     waited = now - below_min_since
                     if waited > self.settings.elastic_timeout_s:
-                        self.log(f"only {target} worker slot(s) available, fewer than --min-np "
-                                 f"{self.settings.min_np}, for {waited:.0f} s (--elastic-timeout); ending the job")
+                        self.log(f"only {target} worker slot(s) available, fewer than {flag} {needed}, for "
+                                 f"{waited:.0f} s (--elastic-timeout); ending the job")
                         return 1
                     if change.reasons:
                         self.log(f"{'; '.join(change.reasons)}; waiting up to "
-                                 f"{self.settings.elastic_timeout_s:g} s for hosts (need {self.settings.min_np})")
+                                 f"{self.settings.elastic_timeout_s:g} s for hosts (need {needed})")
                     time.sleep(0.2)
                     continue
                 below_min_since = None
@@ -209,6 +214,14 @@ class ElasticDriver:
                 if code is not None:
                     return code
             time.sleep(0.2)
+
+    def _needed(self) -> tuple[int, str]:
+        """How many workers the job cannot run without, and the flag that says so: ``-np`` before the
+        first generation when given, ``--min-np`` after."""
+        initial = self.settings.initial_np
+        if self.generation < 0 and initial is not None and initial > self.settings.min_np:
+            return initial, "-np"
+        return self.settings.min_np, "--min-np"
 
     # ---- membership -----------------------------------------------------------------------------
 
@@ -245,19 +258,39 @@ class ElasticDriver:
         return available
 
     def _reachable(self, host: str) -> bool:
-        """Preflight a remote host the first time it appears; a failing host is blacklisted."""
-        report = self._reports.get(host)
-        if report is None:
-            report = probe_host(host, self.server.port, "", self.ssh_options)
-            problem = report.error or (None if report.store_reachable else
-                                       f"cannot reach the rendezvous store ({report.store_error})")
-            if problem:
-                cooldown = self.blacklist.add(host)
-                self.log(f"host {host} is unusable: {problem}; blacklisted "
-                         f"{'for good' if cooldown is None else f'for {cooldown:.0f} s'}")
-                return False
-            self._reports[host] = report
+        """Preflight a remote host the first time it appears (as a fixed job does); a failing host is
+        blacklisted, and checked again when its cool-down ends."""
+        if host in self._checked_hosts:
+            return True
+        reports, problems = check_hosts([host], self.server.port, self.network_interfaces, self.ssh_options,
+                                        self.log if self.verbose else None)
+        if problems:
+            cooldown = self.blacklist.add(host)
+            self.log(f"host {host} is unusable: {'; '.join(problems)}; blacklisted "
+                     f"{'for good' if cooldown is None else f'for {cooldown:.0f} s'}")
+            return False
+        self.spawner.add_reports(reports)
+        self._checked_hosts.add(host)
         return True
+
+    def _stop_stranded(self) -> None:
+        """Once training is over, stop the workers waiting in ``hvd.init()`` for a generation that can no
+        longer start because one of its workers has already ended (typically workers started on a new
+        host just as the others completed their last commit); they would wait for ``--elastic-timeout``."""
+        by_id = {worker.worker_id: worker for worker in self.workers}
+        members = [(by_id[worker_id], rank) for worker_id, rank in self._members.items()]
+        if all(worker.alive for worker, _ in members):
+            return
+        store = self.server.store
+        arrived = [worker for worker, rank in members if store.check([elastic_arrived_key(self.generation, rank)])]
+        if len(arrived) == len(members):
+            return  # it did start: its workers are finishing their training
+        stranded = [worker for worker in arrived if worker.alive]
+        for worker in stranded:
+            worker.removed = True
+            self.log(f"worker {worker.worker_id} on {worker.host} stopped: training ended before generation "
+                     f"{self.generation} could start")
+        self._terminate(stranded)
 
     def _free_slots(self, available: dict[str, int]) -> list[tuple[str, int]]:
         used = {(w.host, w.slot) for w in self.live}
@@ -271,8 +304,13 @@ class ElasticDriver:
         store = self.server.store
         for worker_id, info in assignments.items():
             store.set(elastic_assignment_key(self.generation, worker_id), format_assignment(info))
+        if self.ranks_to_show is not None:
+            for worker in live:
+                for relay in worker.relays:
+                    relay.show = assignments[worker.worker_id].rank in self.ranks_to_show
         store.set(ELASTIC_GENERATION_KEY, str(self.generation))
         self._published_size = len(live)
+        self._members = {worker_id: info.rank for worker_id, info in assignments.items()}
         stamp = time.strftime("%H:%M:%S")
         if self.generation == 0:
             self.log(f"[{stamp}] elastic job started with {len(live)} workers on "
@@ -291,35 +329,14 @@ class ElasticDriver:
     # ---- workers --------------------------------------------------------------------------------
 
     def _start_worker(self, host: str, slot: int) -> None:
-        worker_id = f"w{self._next_worker}"
+        number = self._next_worker
         self._next_worker += 1
-        remote = not is_local_host(host)
-        env = self.make_env(remote)
-        report = self._reports.get(host)
-        address = report.launcher_address if (remote and report and report.launcher_address) else "127.0.0.1"
-        env.update({ELASTIC: "1", WORKER_ID: worker_id, HOSTNAME: host, STORE_ADDR: address,
-                    STORE_PORT: str(self.server.port), "MASTER_ADDR": address, "MASTER_PORT": str(self.server.port),
-                    ELASTIC_TIMEOUT: str(self.settings.elastic_timeout_s)})
-        if self.settings.reset_limit is not None:
-            env[RESET_LIMIT] = str(self.settings.reset_limit)
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        cpus = (report.cpus if remote and report else os.cpu_count()) or 1
-        env.setdefault("OMP_NUM_THREADS", str(max(1, cpus // max(1, self._slots.get(host, 1)))))
-        if remote:
-            if report is not None and report.interface:
-                env.setdefault("GLOO_SOCKET_IFNAME", report.interface)
-            process = spawn_remote(host, self.ssh_options.python, self.ssh_options)
-            send_spec(process, self.command, env, os.getcwd(), self.horovod_compat)
-        else:
-            if self.horovod_compat:
-                env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SHIM_PATH), env.get("PYTHONPATH")) if p)
-            process = spawn_local(self.command, env)
-        assert process.stdout is not None and process.stderr is not None
-        relays = (OutputRelay(worker_id, "stdout", process.stdout, sys.stdout.buffer),
-                  OutputRelay(worker_id, "stderr", process.stderr, sys.stderr.buffer))
-        for relay in relays:
-            relay.start()
-        self.workers.append(ElasticWorker(worker_id, host, slot, process, relays, remote))
+        name = ProcessName("worker", number)
+        variables = elastic_variables(name.label, host, self.settings.elastic_timeout_s, self.settings.reset_limit)
+        # until the generation is published, a worker has no rank to filter its output by
+        spawned = self.spawner.start(name, host, variables, self._slots.get(host, 1),
+                                     show=self.ranks_to_show is None)
+        self.workers.append(ElasticWorker(name.label, host, slot, spawned.process, spawned.relays, spawned.remote))
 
     def _terminate(self, workers: list[ElasticWorker], grace_s: float = 5.0) -> None:
         terminate_groups([worker.process for worker in workers], grace_s)
@@ -330,15 +347,3 @@ class ElasticDriver:
                  f"{self.resets} reset(s), {len(self.workers)} worker(s) started in all")
         return 0
 
-
-def environment_factory(base: dict[str, str], forward_names: list[str],
-                        extra: dict[str, str]) -> Callable[[bool], dict[str, str]]:
-    """The environment a worker starts with: all of ``base`` for a local one, the forwarded set for a remote
-    one; ``extra`` (``--env``) for both."""
-
-    def make(remote: bool) -> dict[str, str]:
-        env = forwarded_environment(base, forward_names, {}) if remote else dict(base)
-        env.update(extra)
-        return env
-
-    return make

@@ -18,7 +18,8 @@ class OutputRelay:
         self._prefix = f"[{rank}]<{stream_name}>:".encode()
         self._source = source
         self._sink = sink
-        self._show = show
+        #: Whether lines reach the console; an elastic job changes it when its workers' ranks change.
+        self.show = show
         #: Also every line, unprefixed, to this file (``--output-filename``), whatever ``show`` says.
         self._file = file
         self.tail: collections.deque[str] = collections.deque(maxlen=keep_lines)
@@ -38,7 +39,7 @@ class OutputRelay:
             if self._file is not None:
                 self._file.write(line)
                 self._file.flush()
-            if self._show:
+            if self.show:
                 with _console_lock:
                     self._sink.write(self._prefix + line)
                     self._sink.flush()

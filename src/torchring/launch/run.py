@@ -9,45 +9,38 @@ ends the job, and every rank's process group is terminated, on every host.
 
 With remote hosts, preflight runs first, on all of them in parallel: SSH, versions, and whether each
 host reaches the store. No rank starts unless every check passes.
+
+With ``--min-np``/``--max-np``/``--host-discovery-script`` the job is elastic (``elastic_driver``). Both
+kinds start their processes with the same spawner (``spawner``); a flag that cannot apply to the job's
+kind is refused (``flag_modes``).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
-import platform
 import signal
-import subprocess
 import sys
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import BinaryIO
 
-import torch
 import torch.distributed as dist
 
-from ..compat import SHIM_PATH
 from ..contract import METRICS_PUBLISH
-from ..version import __version__
-from .containers import ContainerOptions, container_name, docker_run_argv, stop_argv
+from .containers import ContainerOptions
 from .discovery import HostDiscovery
-from .elastic_driver import ElasticDriver, ElasticSettings, environment_factory
-from .hosts import HostSlots, SlotAssignment, assign_ranks, is_local_host, parse_hostfile, parse_hosts
-from .local import spawn_local
-from .network import address_of, interface_of
-from .output import OutputRelay
+from .elastic_driver import ElasticDriver, ElasticSettings
+from .flag_modes import check_flags_for_mode
+from .hosts import HostSlots, assign_ranks, is_local_host, parse_hostfile, parse_hosts
+from .preflight import PreflightError, require_hosts
 from .rendezvous import RendezvousServer
-from .ssh import HostReport, SshOptions, preflight_problems, probe_hosts, send_spec, spawn_remote
+from .spawner import ProcessName, Spawner, SpawnSettings
+from .ssh import SshOptions
 from .supervisor import Supervisor, Worker, report_failure
 from .tuning import add_tuning_arguments, tuning_environment
-from .worker_env import forwarded_environment, worker_environment
+from .worker_env import EnvironmentPlan, topology_variables
 
-
-class PreflightError(RuntimeError):
-    """Preflight found reasons the job would fail; nothing was started."""
+__all__ = ["PreflightError", "RunConfig", "add_run_arguments", "config_from_args", "run_elastic_job", "run_job"]
 
 
 @dataclass(frozen=True)
@@ -114,7 +107,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     elastic.add_argument("--blacklist-cooldown-range", type=float, nargs=2, metavar=("MIN", "MAX"),
                          help="a host where a worker failed is left out for a random MIN..MAX seconds (default: "
                               "for good)")
-    elastic.add_argument("--elastic-timeout", type=float, default=600.0,
+    elastic.add_argument("--elastic-timeout", type=float,
                          help="seconds to wait for enough hosts before giving up (default 600)")
     parser.add_argument("--output-filename", help="also write each rank's output to DIR/rank.N/stdout and stderr")
     containers = parser.add_argument_group("containers (each rank in `docker run` on its host)")
@@ -123,7 +116,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     containers.add_argument("--image-shm-size", help="give containers this /dev/shm size instead of --ipc=host")
     containers.add_argument("--image-volume", action="append", default=[], metavar="SRC:DST",
                             help="mount this volume in every container (repeatable)")
-    containers.add_argument("--image-workdir", default="/workspace",
+    containers.add_argument("--image-workdir",
                             help="working directory inside the containers (default /workspace)")
     containers.add_argument("--image-no-gpus", action="store_true", help="do not pass --gpus all (CPU images)")
     parser.add_argument("--config-file", help="YAML file with values for these flags (flags given here win)")
@@ -141,6 +134,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     if command and command[0] == "--":
         command = command[1:]
     elastic = _elastic_settings(args)
+    check_flags_for_mode(args, elastic is not None)
     if args.num_proc is None and elastic is None:
         raise ValueError("-np is required (on the command line or in --config-file)")
     if not command:
@@ -175,15 +169,15 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                      args.verbose, args.horovod_compat, tuning_environment(args), ssh, tuple(args.network_interface),
                      args.output_filename, tuple(args.forward), extra_env, elastic, args.host_discovery_script,
                      args.slots_per_host, _metrics_port(args.metrics_port), _container_options(args),
-                     args.image_workdir)
+                     args.image_workdir or "/workspace")
 
 
 def _container_options(args: argparse.Namespace) -> ContainerOptions | None:
     if not args.image:
-        if args.image_shm_size or args.image_volume or args.image_no_gpus:
-            raise ValueError("--image-shm-size, --image-volume and --image-no-gpus need --image")
+        if args.image_shm_size or args.image_volume or args.image_no_gpus or args.image_workdir:
+            raise ValueError("--image-shm-size, --image-volume, --image-workdir and --image-no-gpus need --image")
         return None
-    if not args.image_workdir.startswith("/"):
+    if args.image_workdir and not args.image_workdir.startswith("/"):
         raise ValueError(f"--image-workdir {args.image_workdir!r} must be an absolute path inside the container")
     return ContainerOptions(image=args.image, gpus=not args.image_no_gpus, shm_size=args.image_shm_size,
                             volumes=tuple(args.image_volume))
@@ -207,7 +201,7 @@ def _serve_metrics(config: RunConfig, store: dist.Store, max_ranks: int) -> dict
         raise OSError(f"cannot serve metrics on port {config.metrics_port}: {error.strerror}; choose another "
                       "--metrics-port") from None
     if config.verbose:
-        print(f"torchring run: metrics at http://<this host>:{config.metrics_port}/metrics", file=sys.stderr)
+        _log(f"metrics at http://<this host>:{config.metrics_port}/metrics")
     return {METRICS_PUBLISH: "1"}
 
 
@@ -231,74 +225,27 @@ def _elastic_settings(args: argparse.Namespace) -> ElasticSettings | None:
     cooldown = tuple(args.blacklist_cooldown_range) if args.blacklist_cooldown_range else None
     if cooldown is not None and not 0 <= cooldown[0] <= cooldown[1]:
         raise ValueError("--blacklist-cooldown-range MIN MAX needs 0 <= MIN <= MAX")
-    if args.elastic_timeout <= 0:
+    timeout = 600.0 if args.elastic_timeout is None else args.elastic_timeout
+    if timeout <= 0:
         raise ValueError("--elastic-timeout must be positive")
     if args.reset_limit is not None and args.reset_limit < 0:
         raise ValueError("--reset-limit must be >= 0")
-    return ElasticSettings(min_np=min_np, max_np=max_np, reset_limit=args.reset_limit,
-                           elastic_timeout_s=args.elastic_timeout, cooldown_range_s=cooldown)
+    if args.slots_per_host is not None and args.slots_per_host < 1:
+        raise ValueError("--slots-per-host must be at least 1")
+    return ElasticSettings(min_np=min_np, max_np=max_np, reset_limit=args.reset_limit, elastic_timeout_s=timeout,
+                           cooldown_range_s=cooldown, initial_np=args.num_proc)
 
 
-def run_elastic_job(config: RunConfig) -> int:
-    """Run an elastic job with ``ElasticDriver``."""
-    assert config.elastic is not None
-    if config.discovery_script:
-        discovery = HostDiscovery(script=config.discovery_script, slots_per_host=config.slots_per_host)
-    else:
-        discovery = HostDiscovery(fixed=config.hosts, slots_per_host=config.slots_per_host)
-    base = {**os.environ, **config.tuning}
-    if config.network_interfaces:
-        base.setdefault("GLOO_SOCKET_IFNAME", ",".join(config.network_interfaces))
-    make_env = environment_factory(base, list(config.forward_names), config.extra_env)
-    driver = ElasticDriver(config.command, config.elastic, discovery, make_env, config.ssh, config.port,
-                           config.horovod_compat)
-    extra = _serve_metrics(config, driver.server.store, min(config.elastic.max_np, 4096))
-    if extra:
-        driver.make_env = environment_factory(base, list(config.forward_names), {**config.extra_env, **extra})
-    return driver.run()
+def spawn_settings(config: RunConfig, extra_env: dict[str, str] | None = None) -> SpawnSettings:
+    """How the job's processes start (``extra_env``: variables the launcher adds for every one)."""
+    plan = EnvironmentPlan({**os.environ, **config.tuning}, config.forward_names,
+                           {**config.extra_env, **(extra_env or {})}, config.network_interfaces)
+    return SpawnSettings(config.command, plan, config.ssh, config.horovod_compat, config.container,
+                         config.container_workdir, config.output_dir, config.verbose)
 
 
-def _output_files(output_dir: str | None, rank: int) -> tuple[BinaryIO | None, BinaryIO | None]:
-    if output_dir is None:
-        return None, None
-    directory = Path(output_dir) / f"rank.{rank}"
-    directory.mkdir(parents=True, exist_ok=True)
-    return (directory / "stdout").open("wb"), (directory / "stderr").open("wb")
-
-
-def _local_versions() -> tuple[str, str, str]:
-    return platform.python_version(), torch.__version__, __version__
-
-
-def _preflight(config: RunConfig, remote_hosts: list[str], store_port: int) -> dict[str, HostReport]:
-    """Check every remote host; ``PreflightError`` listing every problem."""
-    store_address = address_of(config.network_interfaces[0]) if config.network_interfaces else ""
-    if config.verbose:
-        print(f"torchring run: preflight on {', '.join(remote_hosts)} (timeout {config.ssh.connect_timeout_s:g} s)",
-              file=sys.stderr)
-    reports = probe_hosts(remote_hosts, store_port, store_address, config.ssh)
-    problems = preflight_problems(reports, _local_versions())
-    if problems:
-        raise PreflightError("preflight failed, no rank was started:\n" + "\n".join(f"- {p}" for p in problems))
-    return reports
-
-
-def _rank_environment(config: RunConfig, slot: SlotAssignment, store: tuple[str, int],
-                      report: HostReport | None, gloo_interface: str | None,
-                      forward_only: bool = False) -> dict[str, str]:
-    """A rank's environment: this one's (local ranks) or the forwarded part (remote or containerised
-    ranks), ``--env`` values, the interface variables and the job's topology variables."""
-    everything = {**os.environ, **config.tuning}
-    base = everything if report is None and not forward_only else forwarded_environment(
-        everything, list(config.forward_names), {})
-    base.update(config.extra_env)
-    if config.network_interfaces:
-        interfaces = ",".join(config.network_interfaces)
-        base.setdefault("GLOO_SOCKET_IFNAME", interfaces)
-        base.setdefault("NCCL_SOCKET_IFNAME", interfaces)
-    elif gloo_interface:
-        base.setdefault("GLOO_SOCKET_IFNAME", gloo_interface)
-    return worker_environment(base, slot, store[0], store[1], cpus=report.cpus if report else None)
+def _log(message: str) -> None:
+    print(f"torchring run: {message}", file=sys.stderr, flush=True)
 
 
 def run_job(config: RunConfig, with_store: Callable[[dist.Store], None] | None = None,
@@ -309,49 +256,29 @@ def run_job(config: RunConfig, with_store: Callable[[dist.Store], None] | None =
     assignments = assign_ranks(config.hosts, config.num_proc)
     remote_hosts = list(dict.fromkeys(slot.hostname for slot in assignments if not is_local_host(slot.hostname)))
     server = RendezvousServer("127.0.0.1", config.port)
-    if with_store is not None:
-        with_store(server.store)
-    metrics_env = _serve_metrics(config, server.store, config.num_proc)
-    if metrics_env:
-        config = dataclasses.replace(config, extra_env={**config.extra_env, **metrics_env})
-    reports: dict[str, HostReport] = {}
-    local_interface = None
-    if remote_hosts:
-        try:
-            reports = _preflight(config, remote_hosts, server.port)
-        except BaseException:
-            server.close()
-            raise
-        # local ranks talk to remote ones over the interface the remote hosts reach this one at
-        seen_as = next(iter(reports.values())).launcher_address
-        local_interface = interface_of(seen_as) if seen_as else None
+    try:
+        if with_store is not None:
+            with_store(server.store)
+        spawner = Spawner(spawn_settings(config, _serve_metrics(config, server.store, config.num_proc)),
+                          server.port, log=_log)
+        if remote_hosts:
+            spawner.add_reports(require_hosts(remote_hosts, server.port, config.network_interfaces, config.ssh,
+                                              _log if config.verbose else None))
+    except BaseException:
+        server.close()
+        raise
     if config.verbose:
         where = f"on {len({s.hostname for s in assignments})} host(s)" if remote_hosts else "on this host"
-        print(f"torchring run: {config.num_proc} ranks {where}, rendezvous port {server.port}", file=sys.stderr)
+        _log(f"{config.num_proc} ranks {where}, rendezvous port {server.port}")
     supervisor = Supervisor(peer_failure=server.peer_failure)
-    job_id = uuid.uuid4().hex[:10]
     previous = {sig: signal.signal(sig, lambda signum, _frame: supervisor.request_stop(signum))
                 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         for slot in assignments:
-            report = reports.get(slot.hostname)
-            if config.container is not None:
-                process = _start_in_container(config, slot, report, server.port, local_interface, job_id)
-            elif report is None:
-                env = _rank_environment(config, slot, ("127.0.0.1", server.port), None, local_interface)
-                if config.horovod_compat:
-                    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SHIM_PATH), env.get("PYTHONPATH")) if p)
-                process = spawn_local(config.command, env)
-            else:
-                assert report.launcher_address is not None
-                env = _rank_environment(config, slot, (report.launcher_address, server.port), report,
-                                        report.interface)
-                process = spawn_remote(slot.hostname, config.ssh.python, config.ssh)
-                send_spec(process, config.command, env, os.getcwd(), config.horovod_compat)
-            supervisor.add(_worker(config, slot, process, remote=report is not None or config.container is not None))
-        for worker in supervisor.workers:
-            for relay in worker.relays:
-                relay.start()
+            show = config.ranks_to_show is None or slot.rank in config.ranks_to_show
+            spawned = spawner.start(ProcessName("rank", slot.rank), slot.hostname, topology_variables(slot),
+                                    slot.local_size, show=show)
+            supervisor.add(Worker(slot.rank, slot.hostname, spawned.process, spawned.relays, remote=spawned.remote))
         failure = supervisor.wait()
         if after_job is not None:
             after_job(server.store)
@@ -368,44 +295,23 @@ def run_job(config: RunConfig, with_store: Callable[[dist.Store], None] | None =
     return failure.exit_code
 
 
-#: Host paths that mean nothing inside a container image: the image's own values apply there.
-_HOST_ONLY_VARIABLES = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV")
-#: What the docker client itself needs from the environment.
-_DOCKER_CLIENT_VARIABLES = ("PATH", "HOME", "DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CONTEXT", "DOCKER_CERT_PATH",
-                            "DOCKER_TLS_VERIFY")
+def run_elastic_job(config: RunConfig) -> int:
+    """Run an elastic job with ``ElasticDriver``."""
+    assert config.elastic is not None
+    if config.discovery_script:
+        discovery = HostDiscovery(script=config.discovery_script, slots_per_host=config.slots_per_host)
+    else:
+        discovery = HostDiscovery(fixed=config.hosts, slots_per_host=config.slots_per_host)
+    server = RendezvousServer("127.0.0.1", config.port)
+    try:
+        spawner = Spawner(spawn_settings(config, _serve_metrics(config, server.store,
+                                                                min(config.elastic.max_np, 4096))),
+                          server.port, log=_log)
+    except BaseException:
+        server.close()
+        raise
+    driver = ElasticDriver(config.elastic, discovery, spawner, server, config.ssh, config.network_interfaces,
+                           ranks_to_show=config.ranks_to_show, verbose=config.verbose, log=_log)
+    return driver.run()
 
 
-def container_command(config: RunConfig, slot: SlotAssignment, rank_env: dict[str, str],
-                      job_id: str) -> tuple[list[str], list[list[str]]]:
-    """The ``docker run`` argv of one rank and the clean-up commands that stop its container."""
-    assert config.container is not None
-    name = container_name(job_id, slot.rank)
-    env = {key: value for key, value in rank_env.items() if key not in _HOST_ONLY_VARIABLES}
-    argv = docker_run_argv(config.container, config.command, env, config.container_workdir, name)
-    return argv, [stop_argv(name)]
-
-
-def _start_in_container(config: RunConfig, slot: SlotAssignment, report: HostReport | None, store_port: int,
-                        local_interface: str | None, job_id: str) -> subprocess.Popen:
-    """A rank in a container, under ``remote_rank`` (over SSH, or directly on this host), which stops the
-    container when the rank must end."""
-    address = report.launcher_address if report is not None else "127.0.0.1"
-    assert address is not None
-    rank_env = _rank_environment(config, slot, (address, store_port), report,
-                                 report.interface if report is not None else local_interface, forward_only=True)
-    argv, cleanup = container_command(config, slot, rank_env, job_id)
-    client_env = {key: os.environ[key] for key in _DOCKER_CLIENT_VARIABLES if key in os.environ}
-    process = spawn_remote(slot.hostname if report is not None else None, config.ssh.python, config.ssh)
-    send_spec(process, argv, client_env, os.getcwd(), False, cleanup)
-    return process
-
-
-def _worker(config: RunConfig, slot: SlotAssignment, process: subprocess.Popen, remote: bool) -> Worker:
-    show = config.ranks_to_show is None or slot.rank in config.ranks_to_show
-    stdout_file, stderr_file = _output_files(config.output_dir, slot.rank)
-    assert process.stdout is not None and process.stderr is not None
-    relays = (
-        OutputRelay(slot.rank, "stdout", process.stdout, sys.stdout.buffer, show=show, file=stdout_file),
-        OutputRelay(slot.rank, "stderr", process.stderr, sys.stderr.buffer, show=show, file=stderr_file),
-    )
-    return Worker(slot.rank, slot.hostname, process, relays, remote=remote)

@@ -1,7 +1,9 @@
 """Elastic training for the multi-host tests: a small model on 240 indexed samples, a commit after
 every batch. Rank 0 appends, at each commit, every rank's samples of the batches since the previous
 commit to ``$ELASTIC_LOG`` (so rolled-back batches are never logged); at the end every rank prints a
-checksum of its parameters. ``FAIL_ON_HOST=hN`` makes workers on that host exit 3 before init."""
+checksum of its parameters. ``FAIL_ON_HOST=hN`` makes workers on that host exit 3 before init.
+``ELASTIC_GROW_TO=N`` holds training after the fifth batch of the first epoch (committing, so that the
+workers see host updates) until the job has N ranks, so that a host added then always joins in time."""
 
 import json
 import os
@@ -20,6 +22,7 @@ if os.environ.get("FAIL_ON_HOST") == socket.gethostname():
 
 SAMPLES, BATCH, EPOCHS = 240, 4, int(os.environ.get("ELASTIC_EPOCHS", "3"))
 STEP_SLEEP = float(os.environ.get("ELASTIC_STEP_SLEEP", "0.15"))
+GROW_TO = int(os.environ.get("ELASTIC_GROW_TO", "0"))
 
 
 class Indexed(Dataset):
@@ -66,6 +69,9 @@ def train(state):
             if hvd.rank() == 0:
                 print(f"progress epoch {state.epoch} batch {batch_idx} size {hvd.size()}", flush=True)
             commit_and_log(state)
+            while state.epoch == 0 and batch_idx >= 4 and hvd.size() < GROW_TO:
+                time.sleep(STEP_SLEEP)
+                state.commit()
         finished_epoch = state.epoch
         state.epoch += 1
         state.sampler.set_epoch(state.epoch)

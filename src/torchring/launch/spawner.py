@@ -1,0 +1,186 @@
+"""One spawner for fixed and elastic jobs: "process N on host H with these variables" becomes a running
+process whose output is relayed and which can be stopped as a whole.
+
+Where a process runs decides how it starts (:class:`~torchring.launch.worker_env.Placement`):
+
+* on this host, the command itself in a session of its own (:func:`~torchring.launch.local.spawn_local`),
+  with the Horovod shim first on ``PYTHONPATH`` under ``--horovod-compat``;
+* on a remote host, the ``remote_rank`` supervisor over SSH, which gets the command, the environment and
+  the working directory as JSON on its standard input (and adds the shim there);
+* with ``--image``, ``remote_rank`` (over SSH, or directly on this host) runs ``docker run ... IMAGE
+  COMMAND`` with the environment as ``-e`` values, and ``docker stop`` when the process must end.
+
+Either way its output is prefixed with its label (``[3]`` for rank 3, ``[w3]`` for elastic worker w3),
+shown or not (``--ranks``) and, with ``--output-filename DIR``, also written to ``DIR/rank.3/`` or
+``DIR/worker.3/``. The environment is built by :mod:`~torchring.launch.worker_env` from the job's
+:class:`~torchring.launch.worker_env.EnvironmentPlan`, the host's preflight report and the variables of
+the job's mode. Ending processes (SIGTERM to the group, then SIGKILL) is
+:func:`~torchring.launch.local.terminate_groups`, whoever decides to.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from ..compat import SHIM_PATH
+from .containers import ContainerOptions, container_name, docker_run_argv, stop_argv
+from .hosts import is_local_host
+from .local import spawn_local
+from .network import interface_of
+from .output import OutputRelay
+from .ssh import HostReport, SshOptions, send_spec, spawn_remote
+from .worker_env import EnvironmentPlan, Placement, rank_environment
+
+__all__ = ["ProcessName", "SpawnSettings", "Spawned", "Spawner"]
+
+#: What the docker client itself needs from the environment.
+DOCKER_CLIENT_VARIABLES = ("PATH", "HOME", "DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CONTEXT", "DOCKER_CERT_PATH",
+                           "DOCKER_TLS_VERIFY")
+
+
+@dataclass(frozen=True)
+class SpawnSettings:
+    """How every process of a job starts, whatever the job's mode."""
+
+    command: Sequence[str]
+    environment: EnvironmentPlan
+    ssh: SshOptions = field(default_factory=SshOptions)
+    horovod_compat: bool = False
+    #: ``--image``: every process runs in a container, in ``container_workdir``.
+    container: ContainerOptions | None = None
+    container_workdir: str = "/workspace"
+    #: ``--output-filename``: each process's output also goes to a directory of its own under this one.
+    output_dir: str | None = None
+    #: ``--verbose``: say where each process starts.
+    verbose: bool = False
+
+
+@dataclass(frozen=True)
+class ProcessName:
+    """A process of the job: rank N of a fixed job (``role`` "rank") or elastic worker N ("worker")."""
+
+    role: str
+    number: int
+
+    @property
+    def label(self) -> str:
+        """The output prefix: ``3`` for rank 3, ``w3`` for worker 3."""
+        return str(self.number) if self.role == "rank" else f"w{self.number}"
+
+    @property
+    def directory(self) -> str:
+        """Its directory under ``--output-filename``: ``rank.3`` or ``worker.3``."""
+        return f"{self.role}.{self.number}"
+
+
+@dataclass
+class Spawned:
+    """A started process and the relays of its output."""
+
+    name: ProcessName
+    host: str
+    placement: Placement
+    process: subprocess.Popen
+    relays: tuple[OutputRelay, OutputRelay]
+
+    @property
+    def remote(self) -> bool:
+        """Started under ``remote_rank`` (over SSH or for a container): its exit code follows that
+        supervisor's convention (128 + N for signal N; 255 from ssh for a lost connection)."""
+        return self.placement is not Placement.LOCAL
+
+
+class Spawner:
+    """Starts the job's processes; ``reports`` holds the preflight report of every remote host used."""
+
+    def __init__(self, settings: SpawnSettings, store_port: int, job_id: str | None = None,
+                 log: Callable[[str], None] | None = None) -> None:
+        self.settings = settings
+        self.store_port = store_port
+        self.job_id = job_id or uuid.uuid4().hex[:10]
+        self.reports: dict[str, HostReport] = {}
+        self._log = log or (lambda message: print(f"torchring run: {message}", file=sys.stderr, flush=True))
+        self._local_interface: str | None = None
+
+    def add_reports(self, reports: Mapping[str, HostReport]) -> None:
+        """Remember remote hosts that passed preflight (only those may run processes)."""
+        self.reports.update(reports)
+        if self._local_interface is None:
+            # local processes talk to remote ones over the interface the remote hosts reach this one at
+            seen_as = next((r.launcher_address for r in self.reports.values() if r.launcher_address), None)
+            self._local_interface = interface_of(seen_as) if seen_as else None
+
+    def placement(self, host: str) -> Placement:
+        """Where a process on ``host`` runs."""
+        if self.settings.container is not None:
+            return Placement.CONTAINER
+        return Placement.LOCAL if is_local_host(host) else Placement.SSH
+
+    def start(self, name: ProcessName, host: str, variables: Mapping[str, str], local_size: int,
+              show: bool = True) -> Spawned:
+        """Start process ``name`` on ``host`` with the job mode's ``variables`` (``local_size``: how many
+        of the job's processes share the host, for ``OMP_NUM_THREADS``); its output relays are running."""
+        placement = self.placement(host)
+        report = None
+        if not is_local_host(host):
+            report = self.reports.get(host)
+            if report is None or report.launcher_address is None:
+                raise RuntimeError(f"host {host} has not passed preflight; no process can start there")
+        store_host = report.launcher_address if report is not None else "127.0.0.1"
+        interface = report.interface if report is not None else self._local_interface
+        base = self.settings.environment.base(placement, interface)
+        env = rank_environment(base, variables, store_host or "127.0.0.1", self.store_port, local_size,
+                               cpus=report.cpus if report is not None else None)
+        process = self._launch(name, None if report is None else host, placement, env)
+        relays = self._relays(name, process, show)
+        for relay in relays:
+            relay.start()
+        if self.settings.verbose:
+            self._log(f"{name.role} {name.label} started on {host} ({self._how(placement, process)})")
+        return Spawned(name, host, placement, process, relays)
+
+    def _how(self, placement: Placement, process: subprocess.Popen) -> str:
+        if placement is Placement.CONTAINER:
+            assert self.settings.container is not None
+            return f"in a container of {self.settings.container.image}"
+        return "over SSH" if placement is Placement.SSH else f"pid {process.pid}"
+
+    def _launch(self, name: ProcessName, remote_host: str | None, placement: Placement,
+                env: dict[str, str]) -> subprocess.Popen:
+        settings = self.settings
+        if placement is Placement.CONTAINER:
+            assert settings.container is not None
+            container = container_name(self.job_id, name.number, role=name.role)
+            argv = docker_run_argv(settings.container, list(settings.command), env, settings.container_workdir,
+                                   container)
+            client_env = {key: os.environ[key] for key in DOCKER_CLIENT_VARIABLES if key in os.environ}
+            process = spawn_remote(remote_host, settings.ssh.python, settings.ssh)
+            send_spec(process, argv, client_env, os.getcwd(), False, [stop_argv(container)])
+            return process
+        if placement is Placement.SSH:
+            process = spawn_remote(remote_host, settings.ssh.python, settings.ssh)
+            send_spec(process, settings.command, env, os.getcwd(), settings.horovod_compat)
+            return process
+        if settings.horovod_compat:
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SHIM_PATH), env.get("PYTHONPATH")) if p)
+        return spawn_local(settings.command, env)
+
+    def _relays(self, name: ProcessName, process: subprocess.Popen, show: bool) -> tuple[OutputRelay, OutputRelay]:
+        stdout_file, stderr_file = self._output_files(name)
+        assert process.stdout is not None and process.stderr is not None
+        return (OutputRelay(name.label, "stdout", process.stdout, sys.stdout.buffer, show=show, file=stdout_file),
+                OutputRelay(name.label, "stderr", process.stderr, sys.stderr.buffer, show=show, file=stderr_file))
+
+    def _output_files(self, name: ProcessName) -> tuple[BinaryIO | None, BinaryIO | None]:
+        if self.settings.output_dir is None:
+            return None, None
+        directory = Path(self.settings.output_dir) / name.directory
+        directory.mkdir(parents=True, exist_ok=True)
+        return (directory / "stdout").open("wb"), (directory / "stderr").open("wb")

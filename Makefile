@@ -10,8 +10,7 @@ PYTEST_ARGS ?=
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet torch==$(TORCH_VERSION)
-	$(BIN)/python -m pip install --quiet -e '.[test,examples]'
+	$(BIN)/python -m pip install --quiet torch==$(TORCH_VERSION) -e '.[test,examples]'
 	@touch $@
 
 venv: $(STAMP)

@@ -1,5 +1,15 @@
-"""Shared test setup: the parallel suite runs only under ``torchring run`` (see integration tests)."""
+"""Shared test setup: the parallel suite runs only under ``torchring run`` (see integration tests).
+
+Resolver timeout: torch's c10d looks up the host name of the peer of every store connection (for its
+log messages), in the store server's thread too. Where the configured DNS server does not answer (CI
+sandboxes without DNS), an unanswered lookup waits glibc's default 5 s and every rank waits with it:
+about one connection in 25 did, which cost the parallel suite's re-inits and the elastic tests minutes.
+One attempt of 1 s keeps that small; where DNS answers nothing changes, and a RES_OPTIONS of the
+caller's own is kept. Set here, it reaches the launchers and ranks that the tests start.
+"""
 
 import os
+
+os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
 
 collect_ignore = [] if os.environ.get("TORCHRING_PARALLEL_SUITE") == "1" else ["parallel"]

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from torchring.diagnostics import doctor_cli
 from torchring.diagnostics.doctor import ALL_HOSTS, collect
 from torchring.launch.ssh import SshOptions
 from torchring.version import __version__
@@ -41,10 +42,17 @@ def test_this_machine_passes_and_mentions_no_gpu_and_the_torch_version():
                for line in result.stdout.splitlines() if line.strip())
 
 
-def test_json_output_parses_and_is_ok():
-    result = doctor("--json")
-    assert result.returncode == 0, result.stderr
-    data = json.loads(result.stdout)
+def doctor_in_process(capsys, *args: str) -> tuple[int, str, str]:
+    """The doctor's command line run in this process: (exit code, stdout, stderr)."""
+    code = doctor_cli.main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_json_output_parses_and_is_ok(capsys):
+    code, out, err = doctor_in_process(capsys, "--json")
+    assert code == 0, err
+    data = json.loads(out)
     assert data["ok"] is True
     (probe,) = data["hosts"].values()
     assert probe["torch"] == torch_version() and probe["torchring"] == __version__
@@ -70,24 +78,24 @@ def test_quick_is_fast_enough_for_a_healthcheck():
     assert probe["probe_seconds"] < 1.0
 
 
-def test_unreachable_host_exits_1_and_names_it():
-    result = doctor("-H", NOBODY, "--start-timeout", "3", timeout=60)
-    assert result.returncode == 1, result.stdout + result.stderr
-    assert f"✗ {NOBODY}: " in result.stdout
-    assert f"ssh {NOBODY} true" in result.stdout
-    assert result.stdout.strip().splitlines()[-1] == "1 problem(s) block training"
+def test_unreachable_host_exits_1_and_names_it(capsys):
+    code, out, err = doctor_in_process(capsys, "-H", NOBODY, "--start-timeout", "1")
+    assert code == 1, out + err
+    assert f"✗ {NOBODY}: " in out
+    assert f"ssh {NOBODY} true" in out
+    assert out.strip().splitlines()[-1] == "1 problem(s) block training"
 
 
-def test_markdown_output_has_a_table():
-    result = doctor("--markdown")
-    assert result.returncode == 0, result.stderr
-    assert "| host | check | status | detail | fix |" in result.stdout
-    assert "<details>" in result.stdout and "```json" in result.stdout
+def test_markdown_output_has_a_table(capsys):
+    code, out, err = doctor_in_process(capsys, "--markdown")
+    assert code == 0, err
+    assert "| host | check | status | detail | fix |" in out
+    assert "<details>" in out and "```json" in out
 
 
-def test_unusable_flags_exit_2_with_a_message():
-    result = doctor("--quick", "-H", "a,b")
-    assert result.returncode == 2 and "--quick" in result.stderr
+def test_unusable_flags_exit_2_with_a_message(capsys):
+    code, _, err = doctor_in_process(capsys, "--quick", "-H", "a,b")
+    assert code == 2 and "--quick" in err
 
 
 # A stand-in for ssh: runs the remote command locally, with SSH_CONNECTION saying which address the host

@@ -10,7 +10,9 @@ import time
 
 import pytest
 
-from .jobs import processes_with_marker, python_script, run_job, start_job, wait_until_gone
+from torchring import cli
+
+from .jobs import JobResult, processes_with_marker, python_script, run_job, start_job, wait_until_gone
 
 
 def test_every_rank_gets_torchring_horovod_and_torchrun_variables():
@@ -46,20 +48,15 @@ def test_ranks_filter_shows_only_chosen_ranks():
     assert result.stdout.splitlines() == ["[1]<stdout>:hi 1"]
 
 
-def test_unchanged_ddp_script_runs():
-    result = run_job("run", "-np", "2", *python_script("ddp_minimal.py"))
-    assert result.returncode == 0, result.stderr
-    assert result.lines("stdout", 0) == ["ddp ok rank=0 world=2"]
-    assert result.lines("stdout", 1) == ["ddp ok rank=1 world=2"]
-
-
-def test_two_jobs_at_once_do_not_collide():
-    first, _ = start_job("run", "-np", "2", *python_script("ddp_minimal.py"))
-    second, _ = start_job("run", "-np", "2", *python_script("ddp_minimal.py"))
-    for process in (first, second):
+def test_unchanged_ddp_script_runs_and_two_jobs_at_once_do_not_collide():
+    # One test for both: each of the two concurrent jobs must run the DDP script exactly as a lone job would.
+    jobs = [start_job("run", "-np", "2", *python_script("ddp_minimal.py")) for _ in range(2)]
+    for number, (process, marker) in enumerate(jobs):
         stdout, stderr = process.communicate(timeout=120)
-        assert process.returncode == 0, stderr
-        assert stdout.count("ddp ok") == 2
+        result = JobResult(process.returncode, stdout, stderr, marker)
+        assert result.returncode == 0, f"job {number} of two running at once failed:\n{stderr}"
+        assert result.lines("stdout", 0) == ["ddp ok rank=0 world=2"], f"job {number}: the DDP script\n{stdout}"
+        assert result.lines("stdout", 1) == ["ddp ok rank=1 world=2"], f"job {number}: the DDP script\n{stdout}"
 
 
 def test_failing_rank_ends_job_with_summary_and_no_leftovers():
@@ -85,7 +82,9 @@ def test_sigkill_of_one_rank_ends_the_job():
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_signal_to_launcher_stops_every_rank(signum):
     process, marker = start_job("run", "-np", "2", *python_script("sleeper.py"))
-    _wait_for_ready(process, 2)
+    pids = _wait_for_ready(process, 2)
+    # processes_with_marker must see the live ranks, or wait_until_gone below would prove nothing
+    assert set(pids) <= set(processes_with_marker(marker)), "processes_with_marker misses live ranks"
     process.send_signal(signum)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 128 + signum
@@ -101,26 +100,49 @@ def test_launcher_killed_outright_takes_its_ranks_along():
     assert wait_until_gone(marker) == []
 
 
+@pytest.fixture
+def no_job_starts(monkeypatch):
+    """In-process command lines must fail before any job starts."""
+    def no_job(config):
+        raise AssertionError(f"a job was started: {config}")
+
+    monkeypatch.setattr(cli, "run_job", no_job)
+    monkeypatch.setattr(cli, "run_elastic_job", no_job)
+
+
 @pytest.mark.parametrize("args,message", [
     (["-np", "2", "-H", "localhost:0", "true"], "0 slots"),
     (["-np", "2", "-H", "localhost:x", "true"], "positive integer"),
     (["-np", "2", "-H", "localhost:1,localhost:1", "true"], "listed twice"),
-    (["-np", "3", "-H", "localhost:2", "true"], "-np 3 asks for more ranks than the 2 slots"),
     (["-np", "1", "-H", "a b", "true"], "malformed"),
     (["-np", "1"], "no command"),
+])
+def test_bad_input_is_a_one_line_error(args, message, no_job_starts, capsys):
+    # the command line as `torchring run` parses it, in this process: the error comes before any rank starts
+    assert cli.main(["run", *args]) != 0
+    stderr = capsys.readouterr().err
+    assert message in stderr
+    assert len(stderr.strip().splitlines()) == 1, stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["-np", "3", "-H", "localhost:2", "true"], "-np 3 asks for more ranks than the 2 slots"),
     (["-np", "1", "no-such-program-xyz"], "command not found"),
 ])
-def test_bad_input_is_a_one_line_error(args, message):
+def test_bad_input_found_by_the_launcher_is_a_one_line_error(args, message):
+    # found when the launcher assigns or starts the ranks, so these run the real command
     result = run_job("run", *args)
     assert result.returncode != 0
     assert message in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
-def test_unknown_flag_is_a_usage_error():
-    result = run_job("run", "--no-such-flag", "-np", "1", "true")
-    assert result.returncode == 2
-    assert "unrecognized arguments" in result.stderr or "error" in result.stderr
+def test_unknown_flag_is_a_usage_error(no_job_starts, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["run", "--no-such-flag", "-np", "1", "true"])
+    assert exit_info.value.code == 2
+    stderr = capsys.readouterr().err
+    assert "unrecognized arguments" in stderr or "error" in stderr
 
 
 def _wait_for_ready(process, count: int, timeout: float = 60) -> list[int]:
@@ -133,15 +155,6 @@ def _wait_for_ready(process, count: int, timeout: float = 60) -> list[int]:
         if match:
             pids.append(int(match.group(1)))
     return pids
-
-
-def test_processes_with_marker_finds_live_processes():
-    process, marker = start_job("run", "-np", "1", *python_script("sleeper.py"))
-    pids = _wait_for_ready(process, 1)
-    assert pids[0] in processes_with_marker(marker)
-    process.terminate()
-    process.communicate(timeout=30)
-    assert wait_until_gone(marker) == []
 
 
 def test_busy_port_is_a_clear_error():

@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+from torchring.cli import main
+
 from .jobs import ROOT, SCRIPTS, run_job, start_job
 
 
@@ -18,10 +20,10 @@ def test_run_function_returns_results_in_rank_order_and_reports_failures():
     assert "ZeroDivisionError" in result.stderr
 
 
-def test_check_build_lists_what_is_available():
-    result = run_job("run", "--check-build")
-    assert result.returncode == 0
-    assert "[X] PyTorch" in result.stdout and "[X] Gloo" in result.stdout and "[ ] MPI" in result.stdout
+def test_check_build_lists_what_is_available(capsys):
+    assert main(["run", "--check-build"]) == 0
+    out = capsys.readouterr().out
+    assert "[X] PyTorch" in out and "[X] Gloo" in out and "[ ] MPI" in out
 
 
 def test_config_file_sets_flags_and_command_line_wins(tmp_path):
@@ -31,10 +33,13 @@ def test_config_file_sets_flags_and_command_line_wins(tmp_path):
     result = run_job("run", "--config-file", str(config), "--env", "JOB_MODE=from flag", sys.executable, "-c", code)
     assert result.returncode == 0, result.stderr
     assert result.lines("stdout", 0) == ["4.0 from flag 2"] and result.lines("stdout", 1) == ["4.0 from flag 2"]
+
+
+def test_unknown_config_file_key_is_a_usage_error(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("np: 2\nfusion: 3\n")
-    result = run_job("run", "--config-file", str(bad), "true")
-    assert result.returncode == 2 and "unknown key 'fusion'" in result.stderr
+    assert main(["run", "--config-file", str(bad), "true"]) == 2  # refused before any rank starts
+    assert "unknown key 'fusion'" in capsys.readouterr().err
 
 
 def test_elastic_job_on_this_host_honours_output_filename_ranks_and_verbose(tmp_path):

@@ -42,19 +42,37 @@ def wait_for_ready(process, count):
     assert ready == count
 
 
-def test_launcher_serves_every_ranks_metrics_and_job_totals():
+def steps_of_every_rank(values) -> list[float]:
+    return [values.get(("torchring_steps_total", (("host", socket.gethostname()), ("rank", rank))), 0.0)
+            for rank in ("0", "1")]
+
+
+def scrape_until(port: int, done, timeout: float = 60) -> dict[tuple[str, tuple], float]:
+    """Scrape every 0.2 s until ``done(values)`` (the ranks publish every second), at most ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        values = scrape(port)
+        if done(values) or time.monotonic() > deadline:
+            return values
+        time.sleep(0.2)
+
+
+def test_launcher_serves_every_ranks_metrics_and_job_totals(tmp_path):
     port = free_port()
+    stop_file = tmp_path / "stop"
     process = subprocess.Popen([sys.executable, "-m", "torchring.cli", "run", "-np", "2", "--metrics-port", str(port),
                                 sys.executable, str(SCRIPTS / "metrics_train.py")], cwd=ROOT,
-                               env={**os.environ, "METRICS_SECONDS": "8"}, stdout=subprocess.PIPE,
+                               env={**os.environ, "METRICS_STOP_FILE": str(stop_file)}, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     try:
         wait_for_ready(process, 2)
-        time.sleep(1.5)  # a publish interval
-        first = scrape(port)
-        time.sleep(2.5)
-        second = scrape(port)
+        # a first snapshot once both ranks have published steps, a second once both have published more
+        first = scrape_until(port, lambda values: min(steps_of_every_rank(values)) > 0)
+        first_steps = steps_of_every_rank(first)
+        second = scrape_until(port, lambda values: all(
+            later > earlier for later, earlier in zip(steps_of_every_rank(values), first_steps, strict=True)))
     finally:
+        stop_file.touch()
         out, err = process.communicate(timeout=60)
     assert process.returncode == 0, err
     for rank in ("0", "1"):

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from torchring.diagnostics.timeline_cli import main
+
 from .jobs import ROOT
 
 STEPS = 20
@@ -57,6 +59,12 @@ def summarize_command(*args: str) -> subprocess.CompletedProcess:
     return result
 
 
+def summarize_in_process(capsys, *args: str) -> str:
+    """The same command line run in this process (the real command is run once, for the text report)."""
+    assert main(["summarize", *args]) == 0, capsys.readouterr().err
+    return capsys.readouterr().out
+
+
 def test_text_names_rank_1_as_the_slowest(trace):
     out = summarize_command(str(trace)).stdout
     assert f"{2 * STEPS} operations" in out
@@ -65,8 +73,8 @@ def test_text_names_rank_1_as_the_slowest(trace):
     assert "Top 10 tensors by communication time" in out and "allreduce.g" in out
 
 
-def test_json_has_slowest_rank_1(trace):
-    data = json.loads(summarize_command(str(trace), "--json", "--top", "3").stdout)
+def test_json_has_slowest_rank_1(trace, capsys):
+    data = json.loads(summarize_in_process(capsys, str(trace), "--json", "--top", "3"))
     slowest = data["slowest_rank"]
     assert slowest["rank"] == 1
     assert slowest["last_in_negotiations"] >= STEPS // 2
@@ -76,9 +84,9 @@ def test_json_has_slowest_rank_1(trace):
     assert sum(step["ops"] for step in data["steps"]) == 2 * STEPS
 
 
-def test_plot_writes_a_png(trace, tmp_path):
+def test_plot_writes_a_png(trace, tmp_path, capsys):
     png = tmp_path / "out.png"
-    summarize_command(str(trace), "--plot", str(png))
+    summarize_in_process(capsys, str(trace), "--plot", str(png))
     data = png.read_bytes()
     assert len(data) > 1000
     assert data.startswith(b"\x89PNG\r\n\x1a\n")
@@ -106,13 +114,13 @@ hvd.shutdown()
 """
 
 
-def test_the_late_rank_is_found_on_the_optimizers_bucket_lane_too(tmp_path):
+def test_the_late_rank_is_found_on_the_optimizers_bucket_lane_too(tmp_path, capsys):
     script = tmp_path / "late_optimizer.py"
     script.write_text(OPTIMIZER_SCRIPT)
     path = tmp_path / "timeline.json"
     job = _run([sys.executable, "-m", "torchring.cli", "run", "-np", "2", "--timeline-filename", str(path),
                 sys.executable, str(script)], timeout=180)
     assert job.returncode == 0, job.stderr
-    data = json.loads(summarize_command(str(path), "--json").stdout)
+    data = json.loads(summarize_in_process(capsys, str(path), "--json"))
     assert data["slowest_rank"]["rank"] == 1, data["slowest_rank"]
     assert "LANE_WAIT" in path.read_text()

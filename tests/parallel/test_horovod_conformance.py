@@ -385,34 +385,47 @@ def _submit_kind(kind: str, name: str, rank: int, size: int) -> int:
     return hvd.reducescatter_async(torch.ones(size, 3), name=name)
 
 
+def _wait_for_file(path: str, timeout: float = 60.0) -> None:
+    """Wait until another rank has created ``path`` (a signal that goes around torchring's engine)."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        assert time.monotonic() < deadline, f"{path} did not appear within {timeout:g} s"
+        time.sleep(0.005)
+
+
 @pytest.mark.parametrize("kind", ["allreduce", "allgather", "broadcast", "alltoall", "reducescatter"])
-def test_duplicate_name_in_flight_is_a_value_error(rank, size, kind):
-    # Each rank in turn submits first while the others wait, so its first request cannot have
-    # completed when it submits the second one with the same name.
+def test_duplicate_name_in_flight_is_a_value_error(rank, size, kind, tmp_path_factory):
+    # Each rank in turn submits first while the others wait for its signal, so its first request
+    # cannot have completed when it submits the second one with the same name.
+    submitted = shared_path(tmp_path_factory, f"duplicate_name.{kind}")
     for submitter in range(size):
         name = f"duplicate_name.{kind}.{submitter}"
         if rank == submitter:
             handle = _submit_kind(kind, name, rank, size)
             with pytest.raises(ValueError):
                 _submit_kind(kind, name, rank, size)
+            open(f"{submitted}.{submitter}", "w").close()
         else:
-            time.sleep(0.3)
+            _wait_for_file(f"{submitted}.{submitter}")
             handle = _submit_kind(kind, name, rank, size)
         hvd.synchronize(handle)
 
 
-def test_same_name_for_different_operation_types_in_flight_together(rank, size):
+def test_same_name_for_different_operation_types_in_flight_together(rank, size, tmp_path_factory):
     """Horovod names requests ``allreduce.<name>``, ``allgather.<name>``, ``broadcast.<name>``
     (torch/mpi_ops_v2.cc GetOpName), so different operations may share a user name."""
     kinds = ["allreduce", "allgather", "broadcast"]
+    submitted = shared_path(tmp_path_factory, "shared_user_name.submitted")
     if rank != 0:
-        time.sleep(0.3)  # rank 0's first request is surely still in flight when it submits the others
+        _wait_for_file(submitted)  # rank 0's first request is surely still in flight when it submits the others
     handles, refused = {}, []
     for kind in kinds:
         try:
             handles[kind] = _submit_kind(kind, "shared.user.name", rank, size)
         except ValueError:
             refused.append(kind)
+    if rank == 0:
+        open(submitted, "w").close()
     everyone_refused = hvd.allgather_object(refused, name="shared.user.name.refusals")
     # complete every request on every rank, whatever was refused, so that no rank is left waiting
     results = {}

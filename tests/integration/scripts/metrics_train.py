@@ -1,5 +1,7 @@
-"""Trains a small model for about ``METRICS_SECONDS`` seconds (the same number of 50 ms steps on every
-rank), counting samples through ``torchring.progress``; prints "ready" after the first steps."""
+"""Trains a small model in 50 ms steps (the same number on every rank), counting samples through
+``torchring.progress``; prints "ready" after the first steps. Stops once the file ``METRICS_STOP_FILE``
+exists (the ranks agree on it through an allreduce, so they stop at the same step), or after
+``METRICS_SECONDS`` seconds' worth of steps."""
 
 import os
 import time
@@ -12,14 +14,18 @@ hvd.init()
 model = torch.nn.Linear(16, 4)
 optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                      named_parameters=model.named_parameters())
-total_steps = int(float(os.environ.get("METRICS_SECONDS", "8")) / 0.05)
+total_steps = int(float(os.environ.get("METRICS_SECONDS", "60")) / 0.05)
+stop_file = os.environ.get("METRICS_STOP_FILE")
 steps = 0
 with hvd.progress(desc="train", batch_size=8, total=total_steps) as bar:
     while steps < total_steps:
         optimizer.zero_grad()
         model(torch.randn(8, 16)).sum().backward()
         optimizer.step()
-        hvd.allreduce(torch.ones(4), name="metric")  # a negotiated reduction too
+        stop = float(stop_file is not None and os.path.exists(stop_file))
+        # a negotiated reduction too; its maximum says whether any rank saw the stop file
+        if hvd.allreduce(torch.full((4,), stop), name="metric", op=hvd.Max)[0] > 0:
+            break
         bar.update()
         steps += 1
         if steps == 5:

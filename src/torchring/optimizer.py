@@ -30,6 +30,7 @@ from .runtime.bucket_reducers import BucketReducer, EngineBucketReducer, Reducti
 from .runtime.gradient_buckets import Bucket, plan_buckets
 from .runtime.gradient_lane import GradientLane, LaneSettings
 from .runtime.handles import submission_batch
+from .runtime.lanes import LaneRegistry
 
 _Param = torch.nn.Parameter
 #: Marks a gradient that is reduced as part of its bucket's flat allreduce.
@@ -129,6 +130,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._engine_reducer = EngineBucketReducer(self._spec, self._engine_name)
         #: The bucket lane once every rank has agreed to it (see ``runtime.gradient_lane``); None before.
         self._lane: GradientLane | None = None
+        #: The registry of the initialisation the lane was opened in (a re-initialisation has another).
+        self._lane_registry: LaneRegistry | None = None
         self._lane_voting = True
         self._synchronized = False
         self._should_synchronize = True
@@ -305,7 +308,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         lane = self._lane
         if lane is None:
             return None
-        if not context.is_initialized() or not context.current().lanes.owns(lane):
+        if not context.is_initialized() or context.current().lanes is not self._lane_registry:
             self._lane, self._lane_voting = None, True
             return None
         return lane
@@ -334,6 +337,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 stall_warning_s=stall.stall_warning_s if stall.stall_check_enabled else 0.0,
                 stall_shutdown_s=stall.stall_shutdown_s,
             )
+            self._lane_registry = runtime.lanes
             self._lane = runtime.lanes.open_lane(self._process_set.process_set_id, self._buckets,
                                                  [self._bucket_name(b) for b in self._buckets], lane_settings)
             self._lane_voting = False

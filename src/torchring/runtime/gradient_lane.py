@@ -233,7 +233,10 @@ class GradientLane:
             self._wait_for(in_flight, stall_checks)
         finally:
             METRICS.phase("backend", time.perf_counter() - started)
+        scaling_started = time.thread_time()
         in_flight.reduction.finish()
+        spent = time.thread_time() - scaling_started
+        self._cpu_time(spent, spent)
         timeline = self._timeline()
         if timeline.enabled:
             timeline.activity_end(in_flight.name)

@@ -48,11 +48,6 @@ class LaneRegistry:
             self._lanes.append(lane)
         return lane
 
-    def owns(self, lane: GradientLane) -> bool:
-        """True when ``lane`` was opened through this registry (not before a re-initialisation)."""
-        with self._lock:
-            return any(known is lane for known in self._lanes)
-
     def shadow_all(self) -> None:
         """For ``join()``: take part with zeros in every open lane until all ranks have joined. Lanes
         run concurrently, each on its own group, since training ranks step their optimizers in any order."""

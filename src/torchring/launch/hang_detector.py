@@ -86,7 +86,9 @@ class HangDetector:
     """Samples the ranks added with ``add``; a thread of its own once ``start`` is called."""
 
     def __init__(self, hang_timeout_s: float, log: Callable[[str], None], on_hang: Callable[[], None],
-                 report_dir: str | None = None) -> None:
+                 report_dir: str | None = None, noun: str = "rank") -> None:
+        #: What the report calls a process: "rank", or "worker" in an elastic job (worker N is ``[wN]``).
+        self.noun = noun
         self.hang_timeout_s = hang_timeout_s
         self.interval_s = sampling_interval(hang_timeout_s) if hang_timeout_s > 0 else None
         self.verdict: HangVerdict | None = None
@@ -105,10 +107,18 @@ class HangDetector:
         with self._lock:
             self._tracked[rank] = _Tracked(rank, process, stack_file, changed_at=time.monotonic())
 
+    def note_progress(self) -> None:
+        """The job is busy in a way stacks do not show (an elastic job waiting for hosts): restart the clock."""
+        with self._lock:
+            for tracked in self._tracked.values():
+                tracked.changed_at = time.monotonic()
+
     def start(self) -> None:
+        """Start sampling (without ``--hang-timeout`` only reports on request are made)."""
         self._thread.start()
 
     def stop(self) -> None:
+        """End the thread at its next wake-up."""
         self._stopped = True
         self._wakeup.set()
 
@@ -126,7 +136,8 @@ class HangDetector:
             if self._report_requested:
                 self._report_requested = False
                 samples = self.sample()
-                lines, full = format_report(samples, "stacks of every rank (on request, the job goes on):")
+                lines, full = format_report(samples, f"stacks of every {self.noun} (on request, the job goes on):",
+                                            self.noun)
                 self._print(lines, self._write(full, "torchring-stacks"))
             elif self.interval_s is not None:
                 self.sample()
@@ -230,12 +241,12 @@ class HangDetector:
             else:
                 hung = all(now - t.changed_at >= self.hang_timeout_s for t in live)
         if hung:
-            self._declare(f"no rank made progress for {self.hang_timeout_s:g} s")
+            self._declare(f"no {self.noun} made progress for {self.hang_timeout_s:g} s")
 
     def _declare(self, why: str) -> None:
         samples = [s for s in self.sample() if s.state != "exited"]
         blamed = blame(samples) or [s.rank for s in samples]
-        lines, full = format_report(samples, f"the job is hung: {why}; where every rank is:")
+        lines, full = format_report(samples, f"the job is hung: {why}; where every {self.noun} is:", self.noun)
         path = self._write(full, "torchring-hang")
         self._print(lines, path)
         frozen = [s.rank for s in samples if s.state == "frozen" and s.rank in blamed]
@@ -244,7 +255,7 @@ class HangDetector:
         else:
             reason = f"got stuck outside any collective ({why}; see the report above)"
         if len(blamed) > 1:
-            reason += f"; blamed: {rank_list(blamed)}"
+            reason += f"; blamed: {rank_list(blamed, self.noun)}"
         self.verdict = HangVerdict(blamed, {s.rank: s.pid for s in samples}, reason, path)
         self._on_hang()
 
@@ -264,12 +275,13 @@ class HangDetector:
                          and self._tracked[s.rank].changed_at <= failed_since]
         if not stuck:
             return None
-        lines, full = format_report(samples, f"rank {failed_rank} failed; where the other ranks are:")
+        lines, full = format_report(samples, f"{self.noun} {failed_rank} failed; where the others are:", self.noun)
         path = self._write(full, "torchring-hang")
         self._print(lines, path)
         how = "froze (process state T, stopped)" if any(s.state == "frozen" for s in samples if s.rank in stuck) \
             else "was stuck outside any collective"
-        return HangVerdict(stuck, {s.rank: s.pid for s in samples}, f"{how}; rank {failed_rank} waited for it", path)
+        return HangVerdict(stuck, {s.rank: s.pid for s in samples}, f"{how}; {self.noun} {failed_rank} waited for it",
+                           path)
 
     # ---- output -----------------------------------------------------------------------------------
 
@@ -287,5 +299,5 @@ class HangDetector:
         for line in lines:
             self._log(line)
         if path:
-            self._log(f"full report (every rank's whole stack): {path}")
+            self._log(f"full report (every {self.noun}'s whole stack): {path}")
         sys.stderr.flush()

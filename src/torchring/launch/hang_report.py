@@ -172,12 +172,12 @@ def blame(samples: Sequence[RankSample]) -> list[int]:
     return [s.rank for s in groups[-1]] if len(groups) > 1 else []
 
 
-def rank_list(ranks: Sequence[int]) -> str:
-    """``rank 1`` or ``ranks 0,2``."""
-    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ",".join(str(r) for r in ranks)
+def rank_list(ranks: Sequence[int], noun: str = "rank") -> str:
+    """``rank 1`` or ``ranks 0,2`` (``noun`` "worker" for the workers of an elastic job)."""
+    return f"{noun} {ranks[0]}" if len(ranks) == 1 else f"{noun}s " + ",".join(str(r) for r in ranks)
 
 
-def format_report(samples: Sequence[RankSample], title: str) -> tuple[list[str], str]:
+def format_report(samples: Sequence[RankSample], title: str, noun: str = "rank") -> tuple[list[str], str]:
     """The report's lines for the console (groups, blame, innermost frames) and its full text for the
     file (the same, then every rank's whole dump)."""
     blamed = blame(samples)
@@ -191,18 +191,18 @@ def format_report(samples: Sequence[RankSample], title: str) -> tuple[list[str],
             since = f" for {min(unchanged):.0f} s"
         elif unchanged and group[0].state == "running":
             since = f"; stack unchanged for {min(unchanged):.0f} s"
-        lines.append(f"{rank_list(ranks)}: {location(group[0])}{since}{odd}")
+        lines.append(f"{rank_list(ranks, noun)}: {location(group[0])}{since}{odd}")
         thread = main_thread(group[0].threads)
         if thread and group[0].state == "frozen" and group[0].sampled_ago_s is not None:
             lines.append(f"  its last stack, sampled {group[0].sampled_ago_s:.0f} s ago:")
         for frame in thread.frames[:SHOWN_FRAMES] if thread else ():
             lines.append(f"    {frame.function} ({frame.file}:{frame.line})")
     if blamed:
-        lines.append(f"blamed: {rank_list(blamed)}")
+        lines.append(f"blamed: {rank_list(blamed, noun)}")
     full = ["\n".join(lines), ""]
     for sample in sorted(samples, key=lambda s: s.rank):
         pid = f", pid {sample.pid}" if sample.pid else ""
-        full.append(f"==== rank {sample.rank} ({sample.state}{pid}) ====")
+        full.append(f"==== {noun} {sample.rank} ({sample.state}{pid}) ====")
         full.append(sample.text.strip() or "(no stack)")
         full.append("")
     return lines, "\n".join(full) + "\n"

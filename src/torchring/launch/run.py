@@ -341,15 +341,21 @@ def run_elastic_job(config: RunConfig) -> int:
     else:
         discovery = HostDiscovery(fixed=config.hosts, slots_per_host=config.slots_per_host)
     server = RendezvousServer("127.0.0.1", config.port)
+    stack_dir = tempfile.mkdtemp(prefix="torchring-stack-dumps-")
     try:
         spawner = Spawner(spawn_settings(config, _serve_metrics(config, server.store,
-                                                                min(config.elastic.max_np, 4096))),
+                                                                min(config.elastic.max_np, 4096)), stack_dir),
                           server.port, log=_log)
     except BaseException:
         server.close()
+        shutil.rmtree(stack_dir, ignore_errors=True)
         raise
+    detector = HangDetector(config.hang_timeout_s, _log, lambda: None, noun="worker")
     driver = ElasticDriver(config.elastic, discovery, spawner, server, config.ssh, config.network_interfaces,
-                           ranks_to_show=config.ranks_to_show, verbose=config.verbose, log=_log)
-    return driver.run()
+                           ranks_to_show=config.ranks_to_show, verbose=config.verbose, log=_log, detector=detector)
+    try:
+        return driver.run()
+    finally:
+        shutil.rmtree(stack_dir, ignore_errors=True)
 
 

@@ -149,8 +149,9 @@ class HangDetector:
         """Ask every live, sampleable rank for a dump now; what is known of every rank."""
         with self._lock:
             live = [t for t in self._tracked.values() if t.process.poll() is None]
+            stamp = time.monotonic()  # one time for the whole sample, so ranks compare by sample, not by read
             states = {t.rank: self._signal(t) for t in live}
-            self._collect([t for t in live if states[t.rank] == "asked"])
+            self._collect([t for t in live if states[t.rank] == "asked"], stamp)
             return [self._sample_of(t, states.get(t.rank, "exited")) for t in self._tracked.values()]
 
     def _signal(self, tracked: _Tracked) -> str:
@@ -189,7 +190,7 @@ class HangDetector:
             return None
         return pid
 
-    def _collect(self, asked: list[_Tracked]) -> None:
+    def _collect(self, asked: list[_Tracked], stamp: float) -> None:
         """Read each asked rank's new dump: wait until its file grew and stopped growing."""
         deadline = time.monotonic() + DUMP_WAIT_S
         sizes = {t.rank: -1 for t in asked}
@@ -200,20 +201,20 @@ class HangDetector:
                 assert tracked.stack_file is not None
                 size = tracked.stack_file.stat().st_size
                 if size > tracked.offset and size == sizes[tracked.rank]:
-                    self._read(tracked, size)
+                    self._read(tracked, size, stamp)
                     pending.remove(tracked)
                 sizes[tracked.rank] = size
 
-    def _read(self, tracked: _Tracked, size: int) -> None:
+    def _read(self, tracked: _Tracked, size: int, stamp: float) -> None:
         assert tracked.stack_file is not None
         with tracked.stack_file.open("rb") as file:
             file.seek(tracked.offset)
             text = file.read(size - tracked.offset).decode(errors="replace")
         tracked.offset = size
-        tracked.read_at = time.monotonic()
+        tracked.read_at = stamp
         if text != tracked.text:
             tracked.text = text
-            tracked.changed_at = time.monotonic()
+            tracked.changed_at = stamp
 
     def _sample_of(self, tracked: _Tracked, state: str) -> RankSample:
         now = time.monotonic()
@@ -261,7 +262,8 @@ class HangDetector:
 
     def blame_after_failure(self, failed_rank: int) -> HangVerdict | None:
         """Called when ``failed_rank`` ended with an error: if another live rank is frozen, or stuck outside
-        a collective since before ``failed_rank`` last moved, that rank is the cause."""
+        a collective (its stack unchanged in a fresh sample) since a sample before the last one in which
+        ``failed_rank`` moved, that rank is the cause."""
         with self._lock:
             failed = self._tracked.get(failed_rank)
             if failed is None:
@@ -272,7 +274,7 @@ class HangDetector:
             stuck = [s.rank for s in samples if s.state == "frozen"]
             if not stuck:
                 stuck = [s.rank for s in samples if s.threads and not waiting_in_collective(s.threads)
-                         and self._tracked[s.rank].changed_at <= failed_since]
+                         and self._tracked[s.rank].changed_at < failed_since]
         if not stuck:
             return None
         lines, full = format_report(samples, f"{self.noun} {failed_rank} failed; where the others are:", self.noun)

@@ -10,6 +10,10 @@ ends the job, and every rank's process group is terminated, on every host.
 With remote hosts, preflight runs first, on all of them in parallel: SSH, versions, and whether each
 host reaches the store. No rank starts unless every check passes.
 
+Every local rank's Python stack is sampled (``hang_detector``): when no rank made progress for
+``--hang-timeout`` seconds the job ends with a report of where every rank is, blaming the frozen or
+stuck rank; SIGUSR1 to the launcher prints the same report and the job goes on.
+
 With ``--min-np``/``--max-np``/``--host-discovery-script`` the job is elastic (``elastic_driver``). Both
 kinds start their processes with the same spawner (``spawner``); a flag that cannot apply to the job's
 kind is refused (``flag_modes``).

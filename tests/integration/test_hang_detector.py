@@ -1,6 +1,6 @@
 """The hang detector on real jobs: a frozen rank (SIGSTOP) and a rank stuck in Python are named and
-blamed, also when a waiting rank's own timeout fires first; SIGUSR1 prints every rank's stack and the
-job goes on; nothing is left behind."""
+blamed, also when a waiting rank's own timeout fires first; SIGUSR1 (and ``torchring dump``) prints
+every rank's stack and the job goes on; nothing is left behind."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import subprocess
 import threading
 import time
 
-from .jobs import python_script, start_job, wait_until_gone
+from .jobs import python_script, start_job, torchring_command, wait_until_gone
 
 HVD = ("--horovod-compat", *python_script("hang_hvd.py"))
 
@@ -105,6 +105,11 @@ def test_sigusr1_prints_every_ranks_stack_and_the_job_goes_on(tmp_path):
     lines.wait_for(r"\[0\]<stdout>:training")
     process.send_signal(signal.SIGUSR1)
     lines.wait_for(r"full report \(every rank's whole stack\)", "stderr")
+    # `torchring dump PID` asks the same from another terminal, here for the launcher (python -m torchring run)
+    dumped = subprocess.run(torchring_command("dump", str(process.pid)), capture_output=True, text=True, timeout=30)
+    assert dumped.returncode == 0, dumped.stderr
+    assert f"==== torchring run, pid {process.pid} ====" in dumped.stdout
+    assert "==== rank 0 (running" in dumped.stdout and "==== rank 1 (running" in dumped.stdout
     stop.touch()
     assert lines.finish(process) == 0, lines.text
     stderr = lines.text["stderr"]

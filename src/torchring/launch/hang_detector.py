@@ -289,8 +289,10 @@ class HangDetector:
 
     def _write(self, text: str, stem: str) -> str | None:
         path = self._report_dir / f"{stem}-{os.getpid()}.txt"
+        partial = path.with_name(path.name + ".partial")
         try:
-            path.write_text(text)
+            partial.write_text(text)
+            os.replace(partial, path)  # whole, for readers such as ``torchring dump``
         except OSError as error:
             self._log(f"cannot write the hang report to {path} ({error.strerror}); set TMPDIR to a writable "
                       "directory")

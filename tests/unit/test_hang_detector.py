@@ -14,7 +14,8 @@ from torchring.contract import STACK_FILE
 from torchring.launch.hang_detector import HangDetector
 from torchring.launch.spawner import STACK_HOOK_PATH
 
-SLEEPER = "import time\nprint('ready', flush=True)\ntime.sleep(60)\n"
+#: "ready" and the sleep on one line, so a dump taken as soon as "ready" arrives shows that line.
+SLEEPER = "import time\nprint('ready', flush=True); time.sleep(60)\n"
 
 
 def _python_rank(stack_file: Path) -> subprocess.Popen:
@@ -75,7 +76,7 @@ def test_no_sampling_without_a_timeout_but_a_report_on_request(tmp_path):
         assert not hung.wait(1.5) and stack_file.read_text().count("\n") == 1  # only the hook's header line
         detector.request_report()
         assert reported.wait(10), logged
-        assert "rank 0: in <module> (<string>:3); stack unchanged for 0 s" in logged, logged
+        assert "rank 0: in <module> (<string>:2); stack unchanged for 0 s" in logged, logged
         assert detector.verdict is None
     finally:
         detector.stop()

@@ -39,8 +39,7 @@ import threading, time
 def helper():
     time.sleep(60)
 def load_batch():
-    print("ready", flush=True)
-    time.sleep(60)
+    print("ready", flush=True); time.sleep(60)  # one line: a dump taken once "ready" arrives shows it
 threading.Thread(target=helper, daemon=True).start()
 load_batch()
 """
@@ -82,8 +81,8 @@ def test_the_stack_hook_dumps_every_thread_and_the_main_thread_is_the_scripts(ho
     assert len(threads) == 2
     main = main_thread(threads)
     assert [f.function for f in main.frames] == ["load_batch", "<module>"]
-    assert main.frames[0].line == 7
-    assert location(_running(1, hooked_dump)) == "in load_batch (<string>:7)"
+    assert main.frames[0].line == 6
+    assert location(_running(1, hooked_dump)) == "in load_batch (<string>:6)"
 
 
 def test_a_rank_in_torch_distributed_or_torchring_waits_in_a_collective():

@@ -182,12 +182,14 @@ class HangDetector:
             return None
         if not header.startswith(STACK_FILE_HEADER) or not header.endswith("\n"):
             return None
-        tracked.offset = len(header.encode())
-        pid = int(header[len(STACK_FILE_HEADER):])
-        stat = _proc_stat(pid)
-        # the rank itself or a process of its group (the rank leads a session of its own)
-        if pid != tracked.process.pid and (stat is None or os.getpgid(pid) != tracked.process.pid):
+        try:
+            pid = int(header[len(STACK_FILE_HEADER):])
+            # the rank itself or a process of its group (the rank leads a session of its own)
+            if pid != tracked.process.pid and os.getpgid(pid) != tracked.process.pid:
+                return None
+        except (ValueError, OSError):
             return None
+        tracked.offset = len(header.encode())
         return pid
 
     def _collect(self, asked: list[_Tracked], stamp: float) -> None:

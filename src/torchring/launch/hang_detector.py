@@ -26,13 +26,12 @@ from pathlib import Path
 
 from ..contract import STACK_FILE_HEADER
 from .hang_report import RankSample, blame, format_report, parse_dump, rank_list, waiting_in_collective
+from .proc_info import catches_signal, process_state
 
 __all__ = ["HangDetector", "HangVerdict", "sampling_interval"]
 
 #: How long one sample waits for the ranks to write their dumps.
 DUMP_WAIT_S = 1.0
-_SIGUSR2_BIT = 1 << (signal.SIGUSR2 - 1)
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def sampling_interval(hang_timeout_s: float) -> float:
@@ -61,25 +60,6 @@ class _Tracked:
     changed_at: float = 0.0
     frozen_since: float | None = None
     read_at: float | None = None
-
-
-def _proc_stat(pid: int) -> tuple[str, float] | None:
-    """(state letter, CPU seconds) of ``pid``, None when it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()
-    return fields[0], (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
-
-
-def _handles_dump_signal(pid: int) -> bool:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    caught = next((line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), "0")
-    return bool(int(caught, 16) & _SIGUSR2_BIT)
 
 
 class HangDetector:
@@ -160,12 +140,12 @@ class HangDetector:
         if tracked.pid is None and tracked.stack_file is not None:
             tracked.pid = self._header_pid(tracked)
         pid = tracked.pid or tracked.process.pid
-        stat = _proc_stat(pid)
+        stat = process_state(pid)
         if stat is not None and stat[0] in "Tt":
             tracked.frozen_since = tracked.frozen_since or now
             return "frozen"
         tracked.frozen_since = None
-        if tracked.pid is None or stat is None or not _handles_dump_signal(tracked.pid):
+        if tracked.pid is None or stat is None or not catches_signal(tracked.pid, signal.SIGUSR2):
             return "unsampled"
         try:
             os.kill(tracked.pid, signal.SIGUSR2)
@@ -221,7 +201,7 @@ class HangDetector:
     def _sample_of(self, tracked: _Tracked, state: str) -> RankSample:
         now = time.monotonic()
         pid = tracked.pid or tracked.process.pid
-        stat = _proc_stat(pid) if state != "exited" else None
+        stat = process_state(pid) if state != "exited" else None
         sample_state = {"asked": "running"}.get(state, state)
         if state == "unsampled" and tracked.text:
             sample_state = "running"

@@ -1,4 +1,4 @@
-"""The ``torchring`` command: ``run``, ``bench``, ``doctor``, ``timeline``, ``k8s`` and ``--version``."""
+"""The ``torchring`` command: ``run``, ``dump``, ``bench``, ``doctor``, ``timeline``, ``k8s`` and ``--version``."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from .diagnostics.doctor_cli import add_doctor_arguments, run_doctor
 from .diagnostics.timeline_cli import add_timeline_arguments, run_timeline
 from .launch.check_build import check_build_report
 from .launch.config_file import ConfigFileError, apply_config_file
+from .launch.dump import add_dump_arguments, run_dump
 from .launch.hosts import HostSpecError
 from .launch.run import PreflightError, add_run_arguments, config_from_args, run_elastic_job, run_job
 from .version import __version__
@@ -25,6 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
                               description="Start NP ranks of COMMAND and supervise them.")
     add_run_arguments(run)
     parser.set_defaults(run_parser=run)
+    dump = commands.add_parser("dump", help="print where every rank of running jobs is (SIGUSR1 to their launchers)",
+                               description="Ask running 'torchring run' launchers (these pids, else all of this "
+                                           "user's on this host) for the stacks of their ranks, and print them.")
+    add_dump_arguments(dump)
     doctor = commands.add_parser("doctor", help="check this host (and others over SSH) for what training needs",
                                  description="Check versions, CUDA/NCCL, shared memory, network and settings on "
                                              "this host or on -H hosts; exit 1 when something blocks training.")
@@ -71,6 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.subcommand == "bench":
         return _bench(args, argv)
+    if args.subcommand == "dump":
+        return run_dump(args)
     if args.subcommand == "doctor":
         return run_doctor(args)
     if args.subcommand == "timeline":

@@ -89,3 +89,13 @@ def generation_prefix(generation: int) -> str:
 def elastic_generation_prefix(generation: int) -> str:
     """The store prefix of one generation of an elastic job."""
     return f"torchring/elastic-{generation}"
+
+# ---- stack sampling (the launcher's hang detector) ------------------------------------------------
+
+#: The file a local rank's Python appends its stacks to when it receives ``STACK_DUMP_SIGNAL``; read by
+#: ``torchring.launch.stack_hook.sitecustomize`` (which registers the handler) and set by the launcher.
+STACK_FILE = "TORCHRING_STACK_FILE"
+#: The signal the launcher sends a rank for a stack dump (by number: ``signal.SIGUSR2`` is 12 on Linux).
+STACK_DUMP_SIGNAL_NAME = "SIGUSR2"
+#: The first line a rank writes to its stack file: ``torchring-stacks pid=<pid>`` (the process to signal).
+STACK_FILE_HEADER = "torchring-stacks pid="

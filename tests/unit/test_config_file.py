@@ -77,3 +77,12 @@ def test_config_file_argument_stops_at_the_command():
     assert config_file_argument(["--config-file", "a.yaml", "x"]) == "a.yaml"
     assert config_file_argument(["--config-file=b.yaml"]) == "b.yaml"
     assert config_file_argument(["-np", "2", "--", "prog", "--config-file", "c.yaml"]) is None
+
+
+def test_the_hang_timeout_comes_from_the_flag_the_file_or_the_variable(tmp_path, monkeypatch):
+    assert parse(tmp_path, "np: 2\nhang-timeout: 20\n", "true").hang_timeout_s == 20.0
+    assert parse(tmp_path, "np: 2\nhang-timeout: 20\n", "--hang-timeout", "0", "true").hang_timeout_s == 0.0
+    monkeypatch.setenv("TORCHRING_HANG_TIMEOUT", "45")
+    assert parse(tmp_path, "np: 2\n", "true").hang_timeout_s == 45.0
+    monkeypatch.delenv("TORCHRING_HANG_TIMEOUT")
+    assert parse(tmp_path, "np: 2\n", "true").hang_timeout_s == 300.0

@@ -31,6 +31,7 @@ from ..contract import ELASTIC_GENERATION_KEY, HOSTS_VERSION_KEY, elastic_arrive
 from ..environments.base import RankInfo
 from ..environments.elastic import format_assignment
 from .discovery import Blacklist, HostDiscovery
+from .hang_detector import HangDetector
 from .hosts import is_local_host
 from .local import terminate_groups
 from .output import OutputRelay
@@ -109,8 +110,10 @@ class ElasticDriver:
     def __init__(self, settings: ElasticSettings, discovery: HostDiscovery, spawner: Spawner,
                  server: RendezvousServer, ssh_options: SshOptions, network_interfaces: Sequence[str] = (),
                  ranks_to_show: frozenset[int] | None = None, verbose: bool = False,
-                 log: Callable[[str], None] | None = None) -> None:
+                 log: Callable[[str], None] | None = None, detector: HangDetector | None = None) -> None:
         self.settings = settings
+        #: Samples the local workers' stacks; a hung job ends (``verdict``), SIGUSR1 prints the report.
+        self.detector = detector
         self.discovery = discovery
         self.spawner = spawner
         self.server = server
@@ -142,9 +145,15 @@ class ElasticDriver:
                      f"rendezvous port {self.server.port}")
         previous = {sig: signal.signal(sig, self._on_signal)
                     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        if self.detector is not None:
+            detector = self.detector
+            previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda _sig, _frame: detector.request_report())
+            detector.start()
         try:
             return self._loop()
         finally:
+            if self.detector is not None:
+                self.detector.stop()
             self._terminate(self.live)
             for worker in self.workers:
                 for relay in worker.relays:
@@ -169,6 +178,11 @@ class ElasticDriver:
             if self._stop_signal is not None:
                 self.log(f"received {signal.Signals(self._stop_signal).name}; stopping every worker")
                 return 128 + self._stop_signal
+            verdict = self.detector.verdict if self.detector is not None else None
+            if verdict is not None and self.detector is not None and self.detector.hang_timeout_s > 0:
+                self.log(f"worker {verdict.ranks[0]} (output [w{verdict.ranks[0]}]) {verdict.reason}; a hung elastic "
+                         "job ends (no generation can go on without the stuck worker's collectives)")
+                return 1
             change = self._reap()
             if any(w.returncode == 0 for w in self.workers):
                 finished = True  # training is over: no more rescaling, let the others end
@@ -193,6 +207,8 @@ class ElasticDriver:
             wants_growth = target > len(self.live)
             if change.reasons or wants_growth or self.generation < 0 or below_min_since is not None:
                 needed, flag = self._needed()
+                if self.detector is not None:
+                    self.detector.note_progress()  # a membership change or a wait for hosts is not a hang
                 if target < needed:
                     below_min_since = below_min_since or now
                     waited = now - below_min_since
@@ -337,6 +353,8 @@ class ElasticDriver:
         spawned = self.spawner.start(name, host, variables, self._slots.get(host, 1),
                                      show=self.ranks_to_show is None)
         self.workers.append(ElasticWorker(name.label, host, slot, spawned.process, spawned.relays, spawned.remote))
+        if self.detector is not None:
+            self.detector.add(number, spawned.process, spawned.stack_file)
 
     def _terminate(self, workers: list[ElasticWorker], grace_s: float = 5.0) -> None:
         terminate_groups([worker.process for worker in workers], grace_s)

@@ -53,6 +53,7 @@ def terminate_groups(processes: Sequence[subprocess.Popen], grace_period_s: floa
     for process in processes:
         if process.poll() is None:
             signal_group(process, signal.SIGTERM)
+            signal_group(process, signal.SIGCONT)  # a stopped (frozen) process gets its SIGTERM too
     deadline = time.monotonic() + grace_period_s
     for process in processes:
         try:

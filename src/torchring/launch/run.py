@@ -10,6 +10,10 @@ ends the job, and every rank's process group is terminated, on every host.
 With remote hosts, preflight runs first, on all of them in parallel: SSH, versions, and whether each
 host reaches the store. No rank starts unless every check passes.
 
+Every local rank's Python stack is sampled (``hang_detector``): when no rank made progress for
+``--hang-timeout`` seconds the job ends with a report of where every rank is, blaming the frozen or
+stuck rank; SIGUSR1 to the launcher prints the same report and the job goes on.
+
 With ``--min-np``/``--max-np``/``--host-discovery-script`` the job is elastic (``elastic_driver``). Both
 kinds start their processes with the same spawner (``spawner``); a flag that cannot apply to the job's
 kind is refused (``flag_modes``).
@@ -19,8 +23,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -31,6 +37,7 @@ from .containers import ContainerOptions
 from .discovery import HostDiscovery
 from .elastic_driver import ElasticDriver, ElasticSettings
 from .flag_modes import check_flags_for_mode
+from .hang_detector import HangDetector
 from .hosts import HostSlots, assign_ranks, is_local_host, parse_hostfile, parse_hosts
 from .preflight import PreflightError, require_hosts
 from .rendezvous import RendezvousServer
@@ -39,6 +46,10 @@ from .ssh import SshOptions
 from .supervisor import Supervisor, Worker, report_failure
 from .tuning import add_tuning_arguments, tuning_environment
 from .worker_env import EnvironmentPlan, topology_variables
+
+#: The launcher's default ``--hang-timeout`` and the variable that sets it when the flag is not given.
+DEFAULT_HANG_TIMEOUT_S = 300.0
+HANG_TIMEOUT_VARIABLE = "TORCHRING_HANG_TIMEOUT"
 
 __all__ = ["PreflightError", "RunConfig", "add_run_arguments", "config_from_args", "run_elastic_job", "run_job"]
 
@@ -70,6 +81,8 @@ class RunConfig:
     #: ``--image``: every rank runs in a container (and its working directory inside it).
     container: ContainerOptions | None = None
     container_workdir: str = "/workspace"
+    #: ``--hang-timeout``: seconds without progress on any rank before the job is declared hung (0: off).
+    hang_timeout_s: float = DEFAULT_HANG_TIMEOUT_S
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -122,6 +135,11 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config-file", help="YAML file with values for these flags (flags given here win)")
     parser.add_argument("--metrics-port", type=int,
                         help="serve every rank's Prometheus metrics and job totals on this port of this host")
+    parser.add_argument("--hang-timeout", type=float, metavar="SECONDS",
+                        help="end the job, naming the frozen or stuck rank(s) and showing every rank's stack, when "
+                             f"no local rank's Python stack changed for this long (default "
+                             f"{DEFAULT_HANG_TIMEOUT_S:g}, or ${HANG_TIMEOUT_VARIABLE}; 0: off). SIGUSR1 to the "
+                             "launcher prints every rank's stack at any time")
     parser.add_argument("--check-build", action="store_true",
                         help="show which frameworks, controllers and tensor operations are available, and exit")
     add_tuning_arguments(parser)
@@ -169,7 +187,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                      args.verbose, args.horovod_compat, tuning_environment(args), ssh, tuple(args.network_interface),
                      args.output_filename, tuple(args.forward), extra_env, elastic, args.host_discovery_script,
                      args.slots_per_host, _metrics_port(args.metrics_port), _container_options(args),
-                     args.image_workdir or "/workspace")
+                     args.image_workdir or "/workspace", _hang_timeout(args.hang_timeout))
 
 
 def _container_options(args: argparse.Namespace) -> ContainerOptions | None:
@@ -205,6 +223,20 @@ def _serve_metrics(config: RunConfig, store: dist.Store, max_ranks: int) -> dict
     return {METRICS_PUBLISH: "1"}
 
 
+def _hang_timeout(value: float | None) -> float:
+    """``--hang-timeout``, else ``TORCHRING_HANG_TIMEOUT``, else the default."""
+    if value is None:
+        text = os.environ.get(HANG_TIMEOUT_VARIABLE, "").strip()
+        try:
+            value = float(text) if text else DEFAULT_HANG_TIMEOUT_S
+        except ValueError:
+            raise ValueError(f"{HANG_TIMEOUT_VARIABLE}={text!r}: expected seconds (0 turns the hang detector "
+                             "off)") from None
+    if value < 0:
+        raise ValueError(f"--hang-timeout {value:g}: must be >= 0 (0 turns the hang detector off)")
+    return value
+
+
 #: Any of these flags makes a job elastic.
 _ELASTIC_FLAGS = ("min_np", "max_np", "host_discovery_script")
 
@@ -236,12 +268,14 @@ def _elastic_settings(args: argparse.Namespace) -> ElasticSettings | None:
                            cooldown_range_s=cooldown, initial_np=args.num_proc)
 
 
-def spawn_settings(config: RunConfig, extra_env: dict[str, str] | None = None) -> SpawnSettings:
-    """How the job's processes start (``extra_env``: variables the launcher adds for every one)."""
+def spawn_settings(config: RunConfig, extra_env: dict[str, str] | None = None,
+                   stack_dir: str | None = None) -> SpawnSettings:
+    """How the job's processes start (``extra_env``: variables the launcher adds for every one;
+    ``stack_dir``: where local processes write stack dumps for the hang detector)."""
     plan = EnvironmentPlan({**os.environ, **config.tuning}, config.forward_names,
                            {**config.extra_env, **(extra_env or {})}, config.network_interfaces)
     return SpawnSettings(config.command, plan, config.ssh, config.horovod_compat, config.container,
-                         config.container_workdir, config.output_dir, config.verbose)
+                         config.container_workdir, config.output_dir, config.verbose, stack_dir)
 
 
 def _log(message: str) -> None:
@@ -256,29 +290,35 @@ def run_job(config: RunConfig, with_store: Callable[[dist.Store], None] | None =
     assignments = assign_ranks(config.hosts, config.num_proc)
     remote_hosts = list(dict.fromkeys(slot.hostname for slot in assignments if not is_local_host(slot.hostname)))
     server = RendezvousServer("127.0.0.1", config.port)
+    stack_dir = tempfile.mkdtemp(prefix="torchring-stack-dumps-")
     try:
         if with_store is not None:
             with_store(server.store)
-        spawner = Spawner(spawn_settings(config, _serve_metrics(config, server.store, config.num_proc)),
+        spawner = Spawner(spawn_settings(config, _serve_metrics(config, server.store, config.num_proc), stack_dir),
                           server.port, log=_log)
         if remote_hosts:
             spawner.add_reports(require_hosts(remote_hosts, server.port, config.network_interfaces, config.ssh,
                                               _log if config.verbose else None))
     except BaseException:
         server.close()
+        shutil.rmtree(stack_dir, ignore_errors=True)
         raise
     if config.verbose:
         where = f"on {len({s.hostname for s in assignments})} host(s)" if remote_hosts else "on this host"
         _log(f"{config.num_proc} ranks {where}, rendezvous port {server.port}")
-    supervisor = Supervisor(peer_failure=server.peer_failure)
+    detector = HangDetector(config.hang_timeout_s, _log, lambda: supervisor.wake())
+    supervisor = Supervisor(peer_failure=server.peer_failure, detector=detector if config.hang_timeout_s else None)
     previous = {sig: signal.signal(sig, lambda signum, _frame: supervisor.request_stop(signum))
                 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda _signum, _frame: detector.request_report())
     try:
         for slot in assignments:
             show = config.ranks_to_show is None or slot.rank in config.ranks_to_show
             spawned = spawner.start(ProcessName("rank", slot.rank), slot.hostname, topology_variables(slot),
                                     slot.local_size, show=show)
             supervisor.add(Worker(slot.rank, slot.hostname, spawned.process, spawned.relays, remote=spawned.remote))
+            detector.add(slot.rank, spawned.process, spawned.stack_file)
+        detector.start()
         failure = supervisor.wait()
         if after_job is not None:
             after_job(server.store)
@@ -286,9 +326,11 @@ def run_job(config: RunConfig, with_store: Callable[[dist.Store], None] | None =
         supervisor.terminate_all()
         raise
     finally:
+        detector.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         server.close()
+        shutil.rmtree(stack_dir, ignore_errors=True)
     if failure is None:
         return 0
     report_failure(failure, supervisor.workers)
@@ -303,15 +345,21 @@ def run_elastic_job(config: RunConfig) -> int:
     else:
         discovery = HostDiscovery(fixed=config.hosts, slots_per_host=config.slots_per_host)
     server = RendezvousServer("127.0.0.1", config.port)
+    stack_dir = tempfile.mkdtemp(prefix="torchring-stack-dumps-")
     try:
         spawner = Spawner(spawn_settings(config, _serve_metrics(config, server.store,
-                                                                min(config.elastic.max_np, 4096))),
+                                                                min(config.elastic.max_np, 4096)), stack_dir),
                           server.port, log=_log)
     except BaseException:
         server.close()
+        shutil.rmtree(stack_dir, ignore_errors=True)
         raise
+    detector = HangDetector(config.hang_timeout_s, _log, lambda: None, noun="worker")
     driver = ElasticDriver(config.elastic, discovery, spawner, server, config.ssh, config.network_interfaces,
-                           ranks_to_show=config.ranks_to_show, verbose=config.verbose, log=_log)
-    return driver.run()
+                           ranks_to_show=config.ranks_to_show, verbose=config.verbose, log=_log, detector=detector)
+    try:
+        return driver.run()
+    finally:
+        shutil.rmtree(stack_dir, ignore_errors=True)
 
 

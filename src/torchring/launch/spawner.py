@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ..compat import SHIM_PATH
+from ..contract import STACK_FILE
 from .containers import ContainerOptions, container_name, docker_run_argv, stop_argv
 from .hosts import is_local_host
 from .local import spawn_local
@@ -37,6 +38,9 @@ from .network import interface_of
 from .output import OutputRelay
 from .ssh import HostReport, SshOptions, send_spec, spawn_remote
 from .worker_env import EnvironmentPlan, Placement, rank_environment
+
+#: The directory whose ``sitecustomize`` registers the stack dump in local processes.
+STACK_HOOK_PATH = Path(__file__).resolve().parent / "stack_hook"
 
 __all__ = ["ProcessName", "SpawnSettings", "Spawned", "Spawner"]
 
@@ -60,6 +64,8 @@ class SpawnSettings:
     output_dir: str | None = None
     #: ``--verbose``: say where each process starts.
     verbose: bool = False
+    #: Where local processes write their stack dumps for the hang detector (None: no stack hook).
+    stack_dir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,8 @@ class Spawned:
     placement: Placement
     process: subprocess.Popen
     relays: tuple[OutputRelay, OutputRelay]
+    #: The file its stack dumps go to (local processes under the hang detector), else None.
+    stack_file: Path | None = None
 
     @property
     def remote(self) -> bool:
@@ -138,13 +146,24 @@ class Spawner:
         base = self.settings.environment.base(placement, interface)
         env = rank_environment(base, variables, store_host or "127.0.0.1", self.store_port, local_size,
                                cpus=report.cpus if report is not None else None)
+        stack_file = self._stack_file(name) if placement is Placement.LOCAL else None
+        if stack_file is not None:
+            env[STACK_FILE] = str(stack_file)
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(STACK_HOOK_PATH), env.get("PYTHONPATH")) if p)
         process = self._launch(name, None if report is None else host, placement, env)
         relays = self._relays(name, process, show)
         for relay in relays:
             relay.start()
         if self.settings.verbose:
             self._log(f"{name.role} {name.label} started on {host} ({self._how(placement, process)})")
-        return Spawned(name, host, placement, process, relays)
+        return Spawned(name, host, placement, process, relays, stack_file)
+
+    def _stack_file(self, name: ProcessName) -> Path | None:
+        if self.settings.stack_dir is None:
+            return None
+        path = Path(self.settings.stack_dir) / f"{name.directory}.{uuid.uuid4().hex[:6]}.stacks"
+        path.touch()
+        return path
 
     def _how(self, placement: Placement, process: subprocess.Popen) -> str:
         if placement is Placement.CONTAINER:

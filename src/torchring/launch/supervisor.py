@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from .hang_detector import HangDetector, HangVerdict
 from .local import terminate_groups
 from .output import OutputRelay
 
@@ -72,18 +73,24 @@ class Supervisor:
 
     def __init__(self, grace_period_s: float = 5.0, poll_interval_s: float = 0.05,
                  peer_failure: Callable[[int], str | None] = lambda rank: None,
-                 settle_period_s: float = 3.0) -> None:
+                 settle_period_s: float = 3.0, detector: HangDetector | None = None) -> None:
         self.workers: list[Worker] = []
         self.grace_period_s = grace_period_s
         self.poll_interval_s = poll_interval_s
         self.peer_failure = peer_failure
         self.settle_period_s = settle_period_s
+        #: The hang detector (if on): a hung job ends with its verdict; a failure is checked against it.
+        self.detector = detector
         self._stop_signal: int | None = None
         self._wakeup = threading.Event()
 
     def add(self, worker: Worker) -> None:
         """Watch ``worker`` from now on."""
         self.workers.append(worker)
+
+    def wake(self) -> None:
+        """Look at the workers (and the detector's verdict) now."""
+        self._wakeup.set()
 
     def request_stop(self, signum: int) -> None:
         """Called from a signal handler: stop every worker and end the job."""
@@ -107,6 +114,8 @@ class Supervisor:
             if self._stop_signal is not None:
                 name = signal.Signals(self._stop_signal).name
                 return Failure(None, "", None, -self._stop_signal, f"the launcher received {name}")
+            if self.detector is not None and self.detector.verdict is not None:
+                return self._hang_failure(self.detector.verdict)
             failed = self._failed_workers()
             if failed:
                 return self._root_cause(failed)
@@ -129,10 +138,22 @@ class Supervisor:
         causes = {w.rank: self.peer_failure(w.rank) for w in failed}
         root = next((w for w in failed if not causes[w.rank]), failed[0])
         code = root.process.returncode
+        verdict = self.detector.blame_after_failure(root.rank) if self.detector is not None else None
+        if verdict is not None:
+            return self._hang_failure(verdict, failed)
         consequences = [(w.rank, describe_returncode(w.process.returncode, w.remote), causes[w.rank] or "")
                         for w in failed if w is not root]
         return Failure(root.rank, root.hostname, None if root.remote else root.process.pid, code,
                        describe_returncode(code, root.remote), consequences)
+
+    def _hang_failure(self, verdict: HangVerdict, failed: Sequence[Worker] = ()) -> Failure:
+        """The failure a hang verdict describes: its first rank, and the failed ranks as consequences."""
+        rank = verdict.ranks[0]
+        blamed = next(w for w in self.workers if w.rank == rank)
+        consequences = [(w.rank, describe_returncode(w.process.returncode, w.remote), f"it waited for rank {rank}")
+                        for w in failed if w.rank not in verdict.ranks]
+        pid = None if blamed.remote else verdict.pids.get(rank) or blamed.process.pid
+        return Failure(rank, blamed.hostname, pid, 1, verdict.reason, consequences)
 
     def terminate_all(self) -> None:
         """SIGTERM every worker's process group, SIGKILL what is left after the grace period."""

@@ -1,0 +1,84 @@
+"""The hang detector on real processes (no launcher): what it can and cannot sample, and when it
+declares a hang."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from torchring.contract import STACK_FILE
+from torchring.launch.hang_detector import HangDetector
+from torchring.launch.spawner import STACK_HOOK_PATH
+
+#: "ready" and the sleep on one line, so a dump taken as soon as "ready" arrives shows that line.
+SLEEPER = "import time\nprint('ready', flush=True); time.sleep(60)\n"
+
+
+def _python_rank(stack_file: Path) -> subprocess.Popen:
+    env = {**os.environ, STACK_FILE: str(stack_file), "PYTHONPATH": str(STACK_HOOK_PATH)}
+    process = subprocess.Popen([sys.executable, "-c", SLEEPER], env=env, stdout=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    assert process.stdout.readline() == "ready\n"
+    return process
+
+
+def _detector(timeout_s: float, logged: list[str]) -> tuple[HangDetector, threading.Event, threading.Event]:
+    """A detector logging into ``logged``; events for "the job is hung" and "a report was printed"."""
+    hung, reported = threading.Event(), threading.Event()
+
+    def log(message: str) -> None:
+        logged.append(message)
+        if message.startswith("full report"):
+            reported.set()
+
+    return HangDetector(timeout_s, log, hung.set), hung, reported
+
+
+def test_with_a_rank_it_cannot_sample_only_a_frozen_rank_makes_a_hang(tmp_path):
+    logged: list[str] = []
+    detector, hung, _reported = _detector(1, logged)
+    stack_file = tmp_path / "rank0.stacks"
+    stack_file.touch()
+    python = _python_rank(stack_file)
+    opaque = subprocess.Popen(["sleep", "60"], start_new_session=True)  # not Python: no stack to sample
+    try:
+        detector.add(0, python, stack_file)
+        detector.add(1, opaque, None)
+        detector.start()
+        # rank 0's stack never changes, but rank 1 might be busy: no hang
+        assert not hung.wait(2.5), logged
+        assert [s.state for s in detector.sample()] == ["running", "unsampled"]
+        os.kill(python.pid, signal.SIGSTOP)
+        assert hung.wait(10), logged
+        assert detector.verdict is not None and detector.verdict.ranks == [0]
+        assert "froze (process state T, stopped)" in detector.verdict.reason
+        assert any(line.startswith("rank 0: frozen (process state T, stopped)") for line in logged), logged
+    finally:
+        detector.stop()
+        for process in (python, opaque):
+            process.kill()
+            process.wait()
+
+
+def test_no_sampling_without_a_timeout_but_a_report_on_request(tmp_path):
+    logged: list[str] = []
+    detector, hung, reported = _detector(0, logged)
+    stack_file = tmp_path / "rank0.stacks"
+    stack_file.touch()
+    python = _python_rank(stack_file)
+    try:
+        detector.add(0, python, stack_file)
+        detector.start()
+        assert not hung.wait(1.5) and stack_file.read_text().count("\n") == 1  # only the hook's header line
+        detector.request_report()
+        assert reported.wait(10), logged
+        assert "rank 0: in <module> (<string>:2); stack unchanged for 0 s" in logged, logged
+        assert detector.verdict is None
+    finally:
+        detector.stop()
+        python.kill()
+        python.wait()

@@ -18,8 +18,10 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/torchring run -np 2 $(BIN)/python examples/mnist.py
 
+# Unit+integration and multi-host tests run side by side (see tests/run_groups.py); PYTEST_ARGS reach
+# both, and PYTEST_ARGS that name test paths run just those.
 test: $(STAMP) multihost-deps
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python tests/run_groups.py $(PYTEST_ARGS)
 
 # The multi-host tests run a cluster of network namespaces with one sshd each: as root, install
 # openssh-server when it is missing (elsewhere those tests skip and say why).

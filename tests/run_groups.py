@@ -1,0 +1,96 @@
+"""``make test``: the test suite as two groups run at the same time, then both reports.
+
+The multi-host tests spend most of their time waiting (on SSH, elastic timeouts, lost hosts) while the
+unit and integration tests mostly compute, so on a 2-core machine running them side by side finishes
+the suite in about 60% of the time it takes one after the other. Each group is one ordinary pytest
+run with its own log; while they run, a line every 30 s shows how far each has got; at the end both
+logs are printed whole (each with its slowest tests and skip reasons), then one line with the totals.
+
+Arguments are passed to both pytest runs (``make test PYTEST_ARGS="-k launcher"``). Arguments that
+name test paths run just those, in one pytest run, as ``pytest ARGS`` would.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GROUPS = {"unit+integration": ["tests/unit", "tests/integration"], "multihost": ["tests/multihost"]}
+PROGRESS_EVERY_S = 30.0
+#: pytest's exit status when it collected no test (e.g. ``-k`` matched nothing in one group).
+NO_TESTS = 5
+
+
+def _names_paths(args: list[str]) -> bool:
+    return any(not arg.startswith("-") and (ROOT / arg.split("::")[0]).exists() for arg in args)
+
+
+def _progress(log: Path) -> str:
+    found = re.findall(r"\[\s*(\d+)%\]", log.read_text(errors="replace"))
+    return f"{found[-1]}%" if found else "starting"
+
+
+def _totals(text: str) -> dict[str, int]:
+    summary = [line for line in text.splitlines() if re.search(r"=+ .*\d+ (passed|failed|error|skipped)", line)]
+    counts: dict[str, int] = {}
+    if summary:
+        for number, kind in re.findall(r"(\d+) (passed|failed|errors?|skipped|deselected)", summary[-1]):
+            kind = "error" if kind.startswith("error") else kind
+            counts[kind] = counts.get(kind, 0) + int(number)
+    return counts
+
+
+def _exit_status(codes: list[int]) -> int:
+    failures = [code for code in codes if code not in (0, NO_TESTS)]
+    if failures:
+        return failures[0]
+    return 0 if 0 in codes else NO_TESTS
+
+
+def main(args: list[str]) -> int:
+    pytest = [sys.executable, "-m", "pytest"]
+    if _names_paths(args):
+        return subprocess.call([*pytest, *args], cwd=ROOT)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="torchring-tests-") as logs:
+        runs = {}
+        for name, paths in GROUPS.items():
+            log = Path(logs) / f"{name}.log"
+            with log.open("w") as out:
+                runs[name] = (subprocess.Popen([*pytest, *paths, *args], cwd=ROOT, stdout=out,
+                                               stderr=subprocess.STDOUT), log)
+        print(f"tests: running {' and '.join(GROUPS)} side by side; reports follow when both are done", flush=True)
+        while any(process.poll() is None for process, _ in runs.values()):
+            deadline = time.monotonic() + PROGRESS_EVERY_S
+            for process, _ in runs.values():  # wake at the progress tick, or as soon as a group ends
+                try:
+                    process.wait(timeout=max(0.0, deadline - time.monotonic()))
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            elapsed = time.monotonic() - started
+            states = [f"{name} {'done' if process.poll() is not None else _progress(log)}"
+                      for name, (process, log) in runs.items()]
+            print(f"tests: {elapsed // 60:.0f}m{elapsed % 60:02.0f}s: {', '.join(states)}", flush=True)
+        totals: dict[str, int] = {}
+        for name, (process, log) in runs.items():
+            text = log.read_text(errors="replace")
+            print(f"\n{'#' * 30} {name} (pytest exit status {process.returncode}) {'#' * 30}\n{text}", flush=True)
+            for kind, number in _totals(text).items():
+                totals[kind] = totals.get(kind, 0) + number
+    status = _exit_status([process.returncode for process, _ in runs.values()])
+    elapsed = time.monotonic() - started
+    failed = totals.get("failed", 0) + totals.get("error", 0)
+    skipped = f", {totals['skipped']} skipped" if totals.get("skipped") else ""
+    print(f"\ntests: both groups done in {elapsed:.0f}s (exit status {status}; errors count as failed)")
+    print(f"total: {totals.get('passed', 0)} passed, {failed} failed{skipped}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -54,6 +54,7 @@ class _Tracked:
     rank: int
     process: subprocess.Popen
     stack_file: Path | None
+    #: Where the next dump starts: the end of the header line, since each read truncates the file there.
     offset: int = 0
     pid: int | None = None
     text: str = ""
@@ -192,7 +193,10 @@ class HangDetector:
         with tracked.stack_file.open("rb") as file:
             file.seek(tracked.offset)
             text = file.read(size - tracked.offset).decode(errors="replace")
-        tracked.offset = size
+        try:  # keep the file to its header and one dump at most, however long the job runs
+            os.truncate(tracked.stack_file, tracked.offset)
+        except OSError:
+            tracked.offset = size
         tracked.read_at = stamp
         if text != tracked.text:
             tracked.text = text

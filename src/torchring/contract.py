@@ -99,3 +99,6 @@ STACK_FILE = "TORCHRING_STACK_FILE"
 STACK_DUMP_SIGNAL_NAME = "SIGUSR2"
 #: The first line a rank writes to its stack file: ``torchring-stacks pid=<pid>`` (the process to signal).
 STACK_FILE_HEADER = "torchring-stacks pid="
+#: The file where a rank's runtime records its recent collectives, pending requests and optimizer steps
+#: (``runtime.flight_recorder``); read by the hang detector next to the stack file.
+OPS_FILE = "TORCHRING_OPS_FILE"

@@ -402,6 +402,22 @@ class Cluster:
                 return left
             time.sleep(0.05)
 
+    def cut_off(self, host: Host | str) -> None:
+        """Drop every packet into and out of ``host`` (a network partition: no reset, no error, silence).
+        Needs ``nft`` (nftables); undo with :meth:`reconnect`."""
+        namespace = self.host(host).namespace
+        rules = ("table inet torchring_cut {\n"
+                 "  chain input { type filter hook input priority 0; policy drop; }\n"
+                 "  chain output { type filter hook output priority 0; policy drop; }\n"
+                 "}\n")
+        subprocess.run(["ip", "netns", "exec", namespace, "nft", "-f", "-"], input=rules, text=True, check=True,
+                       capture_output=True, timeout=30)
+
+    def reconnect(self, host: Host | str) -> None:
+        """Undo :meth:`cut_off`."""
+        _run(["ip", "netns", "exec", self.host(host).namespace, "nft", "delete", "table", "inet", "torchring_cut"],
+             check=False)
+
     def kill_all_in(self, host: Host | str) -> list[int]:
         """SIGKILL every process on ``host`` except its sshd listener; return any PIDs that would not die."""
         host = self.host(host)

@@ -1,4 +1,4 @@
-"""Elastic jobs on the namespace cluster: a host lost mid-epoch, a host added, too few hosts left, a
+"""Elastic jobs on the namespace cluster: a frozen worker ended by the hang detector, a host added, too few hosts left, a
 worker that fails at start-up. A discovery script reads a file the tests edit."""
 
 import collections
@@ -74,14 +74,34 @@ def assert_hosts_empty(cluster):
         assert cluster.wait_until_empty(host, timeout=15) == [], f"processes left on {host.name}"
 
 
-def test_losing_a_host_mid_epoch_finishes_on_the_others(cluster, tmp_path):
-    process, _, log = start(cluster, tmp_path, ["h1", "h2", "h3"], "--min-np", "2", "--max-np", "3")
+def _worker_pids(cluster, host):
+    """The elastic workers' Python processes on ``host`` (not their supervisor or sshd)."""
+    pids = []
+    for pid in cluster.pids_in(host):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(part.endswith(b"elastic_train.py") for part in command):
+            pids.append(pid)
+    return pids
+
+
+def test_a_frozen_worker_is_ended_as_a_failed_worker_and_the_job_finishes_on_the_others(cluster, tmp_path):
+    process, _, log = start(cluster, tmp_path, ["h1", "h2", "h3"], "--min-np", "2", "--max-np", "3",
+                            "--hang-timeout", "4")
     lines = []
     wait_for_progress(process, 8, lines)
-    cluster.kill_all_in("h3")
+    frozen = _worker_pids(cluster, "h3")
+    assert frozen
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)  # the hosts share this machine's pid namespace
     stdout, stderr = finish(process, lines)
     assert process.returncode == 0, stderr[-3000:]
-    assert re.search(r"membership changed: 3 -> 2 workers \(worker w2 on h3 .*h3 blacklisted for good", stderr), stderr
+    assert re.search(r"worker w2 on h3 froze \(process state T, stopped\).*: ending it as a failed worker", stderr), \
+        stderr[-3000:]
+    assert re.search(r"membership changed: 3 -> 2 workers \(worker w2 on h3 froze .*h3 blacklisted for good", stderr), \
+        stderr[-3000:]
     checksums = final_checksums(stdout)
     assert sorted(checksums) == [0, 1] and len({c for _, c in checksums.values()}) == 1
     assert all(size == 2 for size, _ in checksums.values())

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from torchring.contract import STACK_FILE
 from torchring.launch.hang_detector import HangDetector
-from torchring.launch.spawner import STACK_HOOK_PATH
+from torchring.launch.stack_probe import STACK_HOOK_PATH, StackProbe
 
 #: "ready" and the sleep on one line, so a dump taken as soon as "ready" arrives shows that line.
 SLEEPER = "import time\nprint('ready', flush=True); time.sleep(60)\n"
@@ -46,7 +46,7 @@ def test_with_a_rank_it_cannot_sample_only_a_frozen_rank_makes_a_hang(tmp_path):
     python = _python_rank(stack_file)
     opaque = subprocess.Popen(["sleep", "60"], start_new_session=True)  # not Python: no stack to sample
     try:
-        detector.add(0, python, stack_file)
+        detector.add(0, python, StackProbe(python.pid, stack_file))
         detector.add(1, opaque, None)
         detector.start()
         # rank 0's stack never changes, but rank 1 might be busy: no hang
@@ -71,7 +71,7 @@ def test_no_sampling_without_a_timeout_but_a_report_on_request(tmp_path):
     stack_file.touch()
     python = _python_rank(stack_file)
     try:
-        detector.add(0, python, stack_file)
+        detector.add(0, python, StackProbe(python.pid, stack_file))
         detector.start()
         assert not hung.wait(1.5) and stack_file.read_text().count("\n") == 1  # only the hook's header line
         detector.request_report()

@@ -4,7 +4,7 @@ while hosts come and go.
 The driver owns the job's membership. It starts workers on free slots of the hosts discovery reports
 (a fixed ``-H`` pool or a script polled about every second, minus blacklisted hosts) and publishes
 *generations* in the store: for each one, every worker's rank, size and local/cross place
-(``environments.elastic`` is the worker's side). When a worker fails, its host is blacklisted (for a
+(``environments.elastic`` is the worker's side). When a worker fails (or the hang detector finds it stuck or frozen, and the driver ends it), its host is blacklisted (for a
 cool-down when ``--blacklist-cooldown-range`` is given); the survivors' collectives fail, they roll
 back to their last commit and join the next generation, in which replacement workers may take free
 slots. When discovery adds hosts, new workers start there, the host-set version is bumped, and the
@@ -35,6 +35,7 @@ from .hang_detector import HangDetector
 from .hosts import is_local_host
 from .local import terminate_groups
 from .output import OutputRelay
+from .remote_link import RemoteLink
 from .preflight import check_hosts
 from .rendezvous import RendezvousServer
 from .spawner import ProcessName, Spawner
@@ -70,6 +71,21 @@ class ElasticWorker:
     returncode: int | None = None
     #: Set when the driver ended it (its host left the pool): not counted as a failure.
     removed: bool = False
+    #: Its ``remote_rank`` channel (heartbeat), for a remote or container worker.
+    link: RemoteLink | None = None
+    #: Set when the driver ended it because the hang detector found it stuck or frozen: a failed worker.
+    hang_reason: str | None = None
+
+    @property
+    def number(self) -> int:
+        """Its number: 3 for worker ``w3``."""
+        return int(self.worker_id.removeprefix("w"))
+
+    def ended_how(self) -> str:
+        """How it ended, in words: stuck, cut off, or its exit code."""
+        lost = self.link.lost_reason if self.link is not None else None
+        assert self.returncode is not None
+        return self.hang_reason or lost or describe_returncode(self.returncode, self.remote)
 
     @property
     def alive(self) -> bool:
@@ -160,6 +176,7 @@ class ElasticDriver:
                     relay.join(timeout=5)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            self.spawner.close()
             self.server.close()
 
     @property
@@ -178,11 +195,7 @@ class ElasticDriver:
             if self._stop_signal is not None:
                 self.log(f"received {signal.Signals(self._stop_signal).name}; stopping every worker")
                 return 128 + self._stop_signal
-            verdict = self.detector.verdict if self.detector is not None else None
-            if verdict is not None and self.detector is not None and self.detector.hang_timeout_s > 0:
-                self.log(f"worker {verdict.ranks[0]} (output [w{verdict.ranks[0]}]) {verdict.reason}; a hung elastic "
-                         "job ends (no generation can go on without the stuck worker's collectives)")
-                return 1
+            self._end_stuck_workers()
             change = self._reap()
             if any(w.returncode == 0 for w in self.workers):
                 finished = True  # training is over: no more rescaling, let the others end
@@ -254,9 +267,25 @@ class ElasticDriver:
             until = "for good" if cooldown is None else f"for {cooldown:.0f} s"
             tail = worker.relays[1].tail
             last = f"; last stderr: {tail[-1].strip()}" if tail else ""
-            change.add(f"worker {worker.worker_id} on {worker.host} {describe_returncode(returncode, worker.remote)}"
+            change.add(f"worker {worker.worker_id} on {worker.host} {worker.ended_how()}"
                        f"{last}; {worker.host} blacklisted {until}", True)
         return change
+
+    def _end_stuck_workers(self) -> None:
+        """The hang detector's verdict: end the stuck or frozen workers; ``_reap`` then handles them as failed
+        workers and the job goes on without them (the others roll back to their last commit)."""
+        detector = self.detector
+        verdict = detector.verdict if detector is not None else None
+        if detector is None or verdict is None or detector.hang_timeout_s <= 0:
+            return
+        stuck = [w for w in self.live if w.number in verdict.ranks]
+        for worker in stuck:
+            worker.hang_reason = verdict.reason.split("; blamed:")[0]
+            self.log(f"worker {worker.worker_id} on {worker.host} {worker.hang_reason}: ending it as a failed "
+                     "worker")
+        self._terminate(stuck, grace_s=2.0)
+        for number in verdict.ranks:
+            detector.forget(number)
 
     def _available_hosts(self) -> dict[str, int]:
         found = self.discovery.find()
@@ -352,9 +381,10 @@ class ElasticDriver:
         # until the generation is published, a worker has no rank to filter its output by
         spawned = self.spawner.start(name, host, variables, self._slots.get(host, 1),
                                      show=self.ranks_to_show is None)
-        self.workers.append(ElasticWorker(name.label, host, slot, spawned.process, spawned.relays, spawned.remote))
+        self.workers.append(ElasticWorker(name.label, host, slot, spawned.process, spawned.relays, spawned.remote,
+                                          link=spawned.link))
         if self.detector is not None:
-            self.detector.add(number, spawned.process, spawned.stack_file)
+            self.detector.add(number, spawned.process, spawned.probe)
 
     def _terminate(self, workers: list[ElasticWorker], grace_s: float = 5.0) -> None:
         terminate_groups([worker.process for worker in workers], grace_s)

@@ -1,20 +1,20 @@
-"""The launcher's hang detector: samples every local rank's Python stack and says when the job is hung.
+"""The launcher's hang detector: samples every rank's Python stack and says when the job is hung.
 
-Each local rank's first Python process registers a ``faulthandler`` dump on SIGUSR2 (``stack_hook``). Every
-``interval = clamp(hang_timeout / 10, 1, 30)`` seconds the detector reads each live rank's ``/proc/PID/stat``
-(state ``T``/``t`` is frozen; never signalled), sends SIGUSR2 to the others and reads what they appended
-to their stack file. A rank made progress when its dump differs from the previous one. The job is hung
-when no rank made progress for ``hang_timeout`` seconds; with a rank it cannot sample (remote, container,
-a command that is not Python), only when a rank it can see has been frozen that long. Then the report
-(``hang_report``) is printed, written to ``$TMPDIR/torchring-hang-<launcher pid>.txt``, and ``verdict``
-is set for the supervisor to end the job. ``request_report()`` (SIGUSR1 to the launcher) prints the same
-report and leaves the job alone.
+Every ``interval = clamp(hang_timeout / 10, 1, 30)`` seconds the detector asks each live rank's probe
+for a sample: a :class:`~torchring.launch.stack_probe.StackProbe` for a local rank, a
+:class:`~torchring.launch.remote_link.RemoteProbe` for a rank on another host (its ``remote_rank``
+supervisor runs the same probe there). A frozen rank (process state ``T``/``t``) is never signalled.
+A rank made progress when its dump differs from the previous one. The job is hung when no rank made
+progress for ``hang_timeout`` seconds; with a rank it cannot sample (a container, a command that is
+not Python), only when a rank it can see has been frozen that long. Then the report (``hang_report``)
+is printed, written to ``$TMPDIR/torchring-hang-<launcher pid>.txt``, and ``verdict`` is set for the
+supervisor to end the job. ``request_report()`` (SIGUSR1 to the launcher) prints the same report and
+leaves the job alone.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -23,15 +23,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from ..contract import STACK_FILE_HEADER
 from .hang_report import RankSample, blame, format_report, parse_dump, rank_list, waiting_in_collective
-from .proc_info import catches_signal, process_state
+from .remote_link import RemoteProbe
+from .stack_probe import DUMP_WAIT_S, Probe, ProbeResult, probe_all
 
 __all__ = ["HangDetector", "HangVerdict", "sampling_interval"]
 
-#: How long one sample waits for the ranks to write their dumps.
-DUMP_WAIT_S = 1.0
+#: How long one sample waits for remote ranks' answers (their supervisor waits ``DUMP_WAIT_S`` for the dump).
+REMOTE_WAIT_S = DUMP_WAIT_S + 1.5
 
 
 def sampling_interval(hang_timeout_s: float) -> float:
@@ -53,14 +54,16 @@ class HangVerdict:
 class _Tracked:
     rank: int
     process: subprocess.Popen
-    stack_file: Path | None
-    #: Where the next dump starts: the end of the header line, since each read truncates the file there.
-    offset: int = 0
+    probe: Probe | None
+    #: The rank's Python process, once a sample named it.
     pid: int | None = None
     text: str = ""
     changed_at: float = 0.0
     frozen_since: float | None = None
     read_at: float | None = None
+    last: ProbeResult = ProbeResult("unsampled")
+    #: What the rank's runtime last recorded (``TORCHRING_OPS_FILE``), if anything.
+    ops: dict[str, Any] | None = None
 
 
 class HangDetector:
@@ -83,10 +86,19 @@ class HangDetector:
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="torchring-hang-detector", daemon=True)
 
-    def add(self, rank: int, process: subprocess.Popen, stack_file: Path | None) -> None:
-        """Watch rank ``rank`` (``stack_file`` None: it cannot be sampled, e.g. a remote rank)."""
+    def add(self, rank: int, process: subprocess.Popen, probe: Probe | None) -> None:
+        """Watch rank ``rank`` (``probe`` None: it cannot be sampled, e.g. a rank in a container)."""
         with self._lock:
-            self._tracked[rank] = _Tracked(rank, process, stack_file, changed_at=time.monotonic())
+            self._tracked[rank] = _Tracked(rank, process, probe, changed_at=time.monotonic())
+
+    def forget(self, rank: int) -> None:
+        """Stop watching ``rank`` (an elastic worker the driver ended) and clear a verdict about it."""
+        with self._lock:
+            self._tracked.pop(rank, None)
+            if self.verdict is not None and rank in self.verdict.ranks:
+                self.verdict = None
+            for tracked in self._tracked.values():
+                tracked.changed_at = time.monotonic()
 
     def note_progress(self) -> None:
         """The job is busy in a way stacks do not show (an elastic job waiting for hosts): restart the clock."""
@@ -127,92 +139,47 @@ class HangDetector:
     # ---- sampling ---------------------------------------------------------------------------------
 
     def sample(self) -> list[RankSample]:
-        """Ask every live, sampleable rank for a dump now; what is known of every rank."""
+        """Ask every live, sampleable rank for a sample now; what is known of every rank."""
         with self._lock:
-            live = [t for t in self._tracked.values() if t.process.poll() is None]
+            live = [t for t in self._tracked.values() if t.process.poll() is None and t.probe is not None]
             stamp = time.monotonic()  # one time for the whole sample, so ranks compare by sample, not by read
-            states = {t.rank: self._signal(t) for t in live}
-            self._collect([t for t in live if states[t.rank] == "asked"], stamp)
-            return [self._sample_of(t, states.get(t.rank, "exited")) for t in self._tracked.values()]
+            remote = any(isinstance(t.probe, RemoteProbe) for t in live)
+            results = probe_all([t.probe for t in live if t.probe is not None],
+                                REMOTE_WAIT_S if remote else DUMP_WAIT_S)
+            for tracked, result in zip(live, results):
+                self._update(tracked, result, stamp)
+            return [self._sample_of(t) for t in self._tracked.values()]
 
-    def _signal(self, tracked: _Tracked) -> str:
-        """``frozen``, ``asked`` (sent SIGUSR2) or ``unsampled``."""
+    @staticmethod
+    def _update(tracked: _Tracked, result: ProbeResult, stamp: float) -> None:
+        tracked.last = result
+        tracked.pid = result.pid or tracked.pid
+        tracked.ops = result.ops or tracked.ops
+        if result.state == "frozen":
+            tracked.frozen_since = tracked.frozen_since or stamp
+        else:
+            tracked.frozen_since = None
+        if result.dump is not None:
+            tracked.read_at = stamp
+            if result.dump != tracked.text:
+                tracked.text = result.dump
+                tracked.changed_at = stamp
+
+    def _sample_of(self, tracked: _Tracked) -> RankSample:
         now = time.monotonic()
-        if tracked.pid is None and tracked.stack_file is not None:
-            tracked.pid = self._header_pid(tracked)
-        pid = tracked.pid or tracked.process.pid
-        stat = process_state(pid)
-        if stat is not None and stat[0] in "Tt":
-            tracked.frozen_since = tracked.frozen_since or now
-            return "frozen"
-        tracked.frozen_since = None
-        if tracked.pid is None or stat is None or not catches_signal(tracked.pid, signal.SIGUSR2):
-            return "unsampled"
-        try:
-            os.kill(tracked.pid, signal.SIGUSR2)
-        except OSError:
-            return "unsampled"
-        return "asked"
-
-    def _header_pid(self, tracked: _Tracked) -> int | None:
-        assert tracked.stack_file is not None
-        try:
-            with tracked.stack_file.open() as file:
-                header = file.readline()
-        except OSError:
-            return None
-        if not header.startswith(STACK_FILE_HEADER) or not header.endswith("\n"):
-            return None
-        try:
-            pid = int(header[len(STACK_FILE_HEADER):])
-            # the rank itself or a process of its group (the rank leads a session of its own)
-            if pid != tracked.process.pid and os.getpgid(pid) != tracked.process.pid:
-                return None
-        except (ValueError, OSError):
-            return None
-        tracked.offset = len(header.encode())
-        return pid
-
-    def _collect(self, asked: list[_Tracked], stamp: float) -> None:
-        """Read each asked rank's new dump: wait until its file grew and stopped growing."""
-        deadline = time.monotonic() + DUMP_WAIT_S
-        sizes = {t.rank: -1 for t in asked}
-        pending = list(asked)
-        while pending and time.monotonic() < deadline:
-            time.sleep(0.02)
-            for tracked in list(pending):
-                assert tracked.stack_file is not None
-                size = tracked.stack_file.stat().st_size
-                if size > tracked.offset and size == sizes[tracked.rank]:
-                    self._read(tracked, size, stamp)
-                    pending.remove(tracked)
-                sizes[tracked.rank] = size
-
-    def _read(self, tracked: _Tracked, size: int, stamp: float) -> None:
-        assert tracked.stack_file is not None
-        with tracked.stack_file.open("rb") as file:
-            file.seek(tracked.offset)
-            text = file.read(size - tracked.offset).decode(errors="replace")
-        try:  # keep the file to its header and one dump at most, however long the job runs
-            os.truncate(tracked.stack_file, tracked.offset)
-        except OSError:
-            tracked.offset = size
-        tracked.read_at = stamp
-        if text != tracked.text:
-            tracked.text = text
-            tracked.changed_at = stamp
-
-    def _sample_of(self, tracked: _Tracked, state: str) -> RankSample:
-        now = time.monotonic()
-        pid = tracked.pid or tracked.process.pid
-        stat = process_state(pid) if state != "exited" else None
-        sample_state = {"asked": "running"}.get(state, state)
+        if tracked.process.poll() is not None:
+            return RankSample(tracked.rank, tracked.pid or tracked.process.pid, "exited", parse_dump(tracked.text),
+                              tracked.text, ops=tracked.ops)
+        state = tracked.last.state
         if state == "unsampled" and tracked.text:
-            sample_state = "running"
-        unchanged = now - (tracked.frozen_since or tracked.changed_at) if state != "exited" else None
-        return RankSample(tracked.rank, pid, sample_state, parse_dump(tracked.text), tracked.text, unchanged,
-                          f"{stat[0]}, stopped" if stat and state == "frozen" else "", stat[1] if stat else None,
-                          None if tracked.read_at is None else now - tracked.read_at)
+            state = "running"  # no answer this time: its last stack stands
+        letter = tracked.last.process_state
+        return RankSample(tracked.rank, tracked.pid or (None if isinstance(tracked.probe, RemoteProbe)
+                                                        else tracked.process.pid),
+                          state, parse_dump(tracked.text), tracked.text,
+                          now - (tracked.frozen_since or tracked.changed_at),
+                          f"{letter}, stopped" if state == "frozen" else "", tracked.last.cpu_s,
+                          None if tracked.read_at is None else now - tracked.read_at, ops=tracked.ops)
 
     # ---- verdicts ---------------------------------------------------------------------------------
 

@@ -72,6 +72,8 @@ class RankSample:
     cpu_s: float | None = None
     #: Seconds since its dump was last read (a frozen rank's stack is from before it froze).
     sampled_ago_s: float | None = None
+    #: What its runtime recorded in its ops file (recent collectives, pending requests, steps), if known.
+    ops: dict | None = None
 
 
 def parse_dump(text: str) -> tuple[ThreadStack, ...]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import threading
+from collections.abc import Callable
 from typing import BinaryIO
 
 _console_lock = threading.Lock()
@@ -13,7 +14,8 @@ class OutputRelay:
     """Copies one worker stream to the console line by line; keeps its last lines for error reports."""
 
     def __init__(self, rank: int | str, stream_name: str, source: BinaryIO, sink: BinaryIO, keep_lines: int = 20,
-                 show: bool = True, file: BinaryIO | None = None) -> None:
+                 show: bool = True, file: BinaryIO | None = None,
+                 control: tuple[bytes, Callable[[bytes], None]] | None = None) -> None:
         self.rank = rank
         self._prefix = f"[{rank}]<{stream_name}>:".encode()
         self._source = source
@@ -23,6 +25,9 @@ class OutputRelay:
         #: Also every line, unprefixed, to this file (``--output-filename``), whatever ``show`` says.
         self._file = file
         self.tail: collections.deque[str] = collections.deque(maxlen=keep_lines)
+        #: (prefix, handler): lines that start with the prefix go to the handler, not to the console
+        #: (``remote_rank``'s control lines on a remote process's stderr).
+        self._control = control
         self._thread = threading.Thread(target=self._pump, name=f"relay-{rank}-{stream_name}", daemon=True)
 
     def start(self) -> None:
@@ -33,6 +38,9 @@ class OutputRelay:
 
     def _pump(self) -> None:
         for line in iter(self._source.readline, b""):
+            if self._control is not None and line.startswith(self._control[0]):
+                self._control[1](line)
+                continue
             if not line.endswith(b"\n"):
                 line += b"\n"
             self.tail.append(line.decode(errors="replace").rstrip("\r\n"))

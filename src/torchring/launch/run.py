@@ -10,7 +10,8 @@ ends the job, and every rank's process group is terminated, on every host.
 With remote hosts, preflight runs first, on all of them in parallel: SSH, versions, and whether each
 host reaches the store. No rank starts unless every check passes.
 
-Every local rank's Python stack is sampled (``hang_detector``): when no rank made progress for
+Every rank's Python stack is sampled (``hang_detector``; remote ones by their ``remote_rank``
+supervisor, which also exchanges a heartbeat with the launcher): when no rank made progress for
 ``--hang-timeout`` seconds the job ends with a report of where every rank is, blaming the frozen or
 stuck rank; SIGUSR1 to the launcher prints the same report and the job goes on.
 
@@ -137,7 +138,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="serve every rank's Prometheus metrics and job totals on this port of this host")
     parser.add_argument("--hang-timeout", type=float, metavar="SECONDS",
                         help="end the job, naming the frozen or stuck rank(s) and showing every rank's stack, when "
-                             f"no local rank's Python stack changed for this long (default "
+                             f"no rank's Python stack changed for this long (default "
                              f"{DEFAULT_HANG_TIMEOUT_S:g}, or ${HANG_TIMEOUT_VARIABLE}; 0: off). SIGUSR1 to the "
                              "launcher prints every rank's stack at any time")
     parser.add_argument("--check-build", action="store_true",
@@ -308,6 +309,7 @@ def run_job(config: RunConfig, with_store: Callable[[dist.Store], None] | None =
         _log(f"{config.num_proc} ranks {where}, rendezvous port {server.port}")
     detector = HangDetector(config.hang_timeout_s, _log, lambda: supervisor.wake())
     supervisor = Supervisor(peer_failure=server.peer_failure, detector=detector if config.hang_timeout_s else None)
+    spawner.links.on_lost = lambda _link: supervisor.wake()
     previous = {sig: signal.signal(sig, lambda signum, _frame: supervisor.request_stop(signum))
                 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda _signum, _frame: detector.request_report())
@@ -316,8 +318,9 @@ def run_job(config: RunConfig, with_store: Callable[[dist.Store], None] | None =
             show = config.ranks_to_show is None or slot.rank in config.ranks_to_show
             spawned = spawner.start(ProcessName("rank", slot.rank), slot.hostname, topology_variables(slot),
                                     slot.local_size, show=show)
-            supervisor.add(Worker(slot.rank, slot.hostname, spawned.process, spawned.relays, remote=spawned.remote))
-            detector.add(slot.rank, spawned.process, spawned.stack_file)
+            supervisor.add(Worker(slot.rank, slot.hostname, spawned.process, spawned.relays, remote=spawned.remote,
+                                  link=spawned.link))
+            detector.add(slot.rank, spawned.process, spawned.probe)
         detector.start()
         failure = supervisor.wait()
         if after_job is not None:
@@ -327,6 +330,7 @@ def run_job(config: RunConfig, with_store: Callable[[dist.Store], None] | None =
         raise
     finally:
         detector.stop()
+        spawner.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         server.close()

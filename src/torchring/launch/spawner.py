@@ -10,6 +10,11 @@ Where a process runs decides how it starts (:class:`~torchring.launch.worker_env
 * with ``--image``, ``remote_rank`` (over SSH, or directly on this host) runs ``docker run ... IMAGE
   COMMAND`` with the environment as ``-e`` values, and ``docker stop`` when the process must end.
 
+Every process started under ``remote_rank`` gets a :class:`~torchring.launch.remote_link.RemoteLink`:
+a heartbeat both ways (a host cut off from the launcher ends its processes; the launcher names the host)
+and, over SSH with the hang detector on, stack samples. Local processes get a
+:class:`~torchring.launch.stack_probe.StackProbe` instead.
+
 Either way its output is prefixed with its label (``[3]`` for rank 3, ``[w3]`` for elastic worker w3),
 shown or not (``--ranks``) and, with ``--output-filename DIR``, also written to ``DIR/rank.3/`` or
 ``DIR/worker.3/``. The environment is built by :mod:`~torchring.launch.worker_env` from the job's
@@ -30,17 +35,16 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ..compat import SHIM_PATH
-from ..contract import STACK_FILE
+from ..contract import OPS_FILE, STACK_FILE
 from .containers import ContainerOptions, container_name, docker_run_argv, stop_argv
 from .hosts import is_local_host
 from .local import spawn_local
 from .network import interface_of
 from .output import OutputRelay
+from .remote_link import CONTROL_PREFIX, RemoteLink, RemoteLinks, RemoteProbe
 from .ssh import HostReport, SshOptions, send_spec, spawn_remote
+from .stack_probe import STACK_HOOK_PATH, Probe, StackProbe
 from .worker_env import EnvironmentPlan, Placement, rank_environment
-
-#: The directory whose ``sitecustomize`` registers the stack dump in local processes.
-STACK_HOOK_PATH = Path(__file__).resolve().parent / "stack_hook"
 
 __all__ = ["ProcessName", "SpawnSettings", "Spawned", "Spawner"]
 
@@ -64,7 +68,8 @@ class SpawnSettings:
     output_dir: str | None = None
     #: ``--verbose``: say where each process starts.
     verbose: bool = False
-    #: Where local processes write their stack dumps for the hang detector (None: no stack hook).
+    #: Where local processes write their stack dumps for the hang detector (None: no stack hook, and
+    #: remote processes are not sampled either).
     stack_dir: str | None = None
 
 
@@ -95,8 +100,10 @@ class Spawned:
     placement: Placement
     process: subprocess.Popen
     relays: tuple[OutputRelay, OutputRelay]
-    #: The file its stack dumps go to (local processes under the hang detector), else None.
-    stack_file: Path | None = None
+    #: How the hang detector samples its stack (None: it cannot be sampled).
+    probe: Probe | None = None
+    #: Its channel's heartbeat and samples (processes under ``remote_rank``), else None.
+    link: RemoteLink | None = None
 
     @property
     def remote(self) -> bool:
@@ -116,6 +123,12 @@ class Spawner:
         self.reports: dict[str, HostReport] = {}
         self._log = log or (lambda message: print(f"torchring run: {message}", file=sys.stderr, flush=True))
         self._local_interface: str | None = None
+        #: The links of every process under ``remote_rank``; set ``links.on_lost`` to hear of a lost one.
+        self.links = RemoteLinks()
+
+    def close(self) -> None:
+        """Stop the links' heartbeat (once every process has ended)."""
+        self.links.stop()
 
     def add_reports(self, reports: Mapping[str, HostReport]) -> None:
         """Remember remote hosts that passed preflight (only those may run processes)."""
@@ -146,24 +159,36 @@ class Spawner:
         base = self.settings.environment.base(placement, interface)
         env = rank_environment(base, variables, store_host or "127.0.0.1", self.store_port, local_size,
                                cpus=report.cpus if report is not None else None)
-        stack_file = self._stack_file(name) if placement is Placement.LOCAL else None
-        if stack_file is not None:
-            env[STACK_FILE] = str(stack_file)
+        files = self._stack_files(name) if placement is Placement.LOCAL else None
+        if files is not None:
+            env[STACK_FILE], env[OPS_FILE] = str(files[0]), str(files[1])
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(STACK_HOOK_PATH), env.get("PYTHONPATH")) if p)
         process = self._launch(name, None if report is None else host, placement, env)
-        relays = self._relays(name, process, show)
+        link = RemoteLink(host, process) if placement is not Placement.LOCAL else None
+        relays = self._relays(name, process, show, link)
         for relay in relays:
             relay.start()
+        probe: Probe | None = None
+        if files is not None:
+            probe = StackProbe(process.pid, *files)
+        elif link is not None:
+            self.links.add(link)
+            probe = RemoteProbe(link) if self._samples_remote(placement) else None
         if self.settings.verbose:
             self._log(f"{name.role} {name.label} started on {host} ({self._how(placement, process)})")
-        return Spawned(name, host, placement, process, relays, stack_file)
+        return Spawned(name, host, placement, process, relays, probe, link)
 
-    def _stack_file(self, name: ProcessName) -> Path | None:
+    def _samples_remote(self, placement: Placement) -> bool:
+        """Whether ``remote_rank`` samples the process's stack (not yet inside containers)."""
+        return placement is Placement.SSH and self.settings.stack_dir is not None
+
+    def _stack_files(self, name: ProcessName) -> tuple[Path, Path] | None:
         if self.settings.stack_dir is None:
             return None
-        path = Path(self.settings.stack_dir) / f"{name.directory}.{uuid.uuid4().hex[:6]}.stacks"
-        path.touch()
-        return path
+        stem = Path(self.settings.stack_dir) / f"{name.directory}.{uuid.uuid4().hex[:6]}"
+        stack_file = stem.with_suffix(".stacks")
+        stack_file.touch()
+        return stack_file, stem.with_suffix(".ops")
 
     def _how(self, placement: Placement, process: subprocess.Popen) -> str:
         if placement is Placement.CONTAINER:
@@ -185,17 +210,21 @@ class Spawner:
             return process
         if placement is Placement.SSH:
             process = spawn_remote(remote_host, settings.ssh.python, settings.ssh)
-            send_spec(process, settings.command, env, os.getcwd(), settings.horovod_compat)
+            send_spec(process, settings.command, env, os.getcwd(), settings.horovod_compat,
+                      probe=self._samples_remote(placement))
             return process
         if settings.horovod_compat:
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SHIM_PATH), env.get("PYTHONPATH")) if p)
         return spawn_local(settings.command, env)
 
-    def _relays(self, name: ProcessName, process: subprocess.Popen, show: bool) -> tuple[OutputRelay, OutputRelay]:
+    def _relays(self, name: ProcessName, process: subprocess.Popen, show: bool,
+                link: RemoteLink | None) -> tuple[OutputRelay, OutputRelay]:
         stdout_file, stderr_file = self._output_files(name)
         assert process.stdout is not None and process.stderr is not None
+        control = (CONTROL_PREFIX, link.on_control) if link is not None else None
         return (OutputRelay(name.label, "stdout", process.stdout, sys.stdout.buffer, show=show, file=stdout_file),
-                OutputRelay(name.label, "stderr", process.stderr, sys.stderr.buffer, show=show, file=stderr_file))
+                OutputRelay(name.label, "stderr", process.stderr, sys.stderr.buffer, show=show, file=stderr_file,
+                            control=control))
 
     def _output_files(self, name: ProcessName) -> tuple[BinaryIO | None, BinaryIO | None]:
         if self.settings.output_dir is None:

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from .local import _die_with_launcher
+from .remote_link import LINK_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -177,11 +178,12 @@ def spawn_remote(host: str | None, python: str, options: SshOptions) -> subproce
 
 
 def send_spec(process: subprocess.Popen, command: Sequence[str], env: Mapping[str, str], cwd: str,
-              horovod_compat: bool, cleanup: Sequence[Sequence[str]] = ()) -> None:
+              horovod_compat: bool, cleanup: Sequence[Sequence[str]] = (), probe: bool = False) -> None:
     """Give a remote rank its command, environment, working directory and the commands to run after
-    it ends; keep the channel open."""
+    it ends; keep the channel open. The supervisor answers pings (``remote_link``) and, with ``probe``,
+    stack samples of the rank."""
     assert process.stdin is not None
     spec = {"command": list(command), "env": dict(env), "cwd": cwd, "horovod_compat": horovod_compat,
-            "cleanup": [list(c) for c in cleanup]}
+            "cleanup": [list(c) for c in cleanup], "link_timeout_s": LINK_TIMEOUT_S, "probe": probe}
     process.stdin.write((json.dumps(spec) + "\n").encode())
     process.stdin.flush()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from .hang_detector import HangDetector, HangVerdict
 from .local import terminate_groups
 from .output import OutputRelay
+from .remote_link import RemoteLink
 
 
 @dataclass
@@ -25,10 +26,17 @@ class Worker:
     relays: tuple[OutputRelay, OutputRelay]
     #: Started over SSH: ``process`` is the ssh client, its exit code the remote supervisor's.
     remote: bool = False
+    #: Its ``remote_rank`` channel (heartbeat), for a remote or container rank.
+    link: RemoteLink | None = None
 
     @property
     def stderr_tail(self) -> list[str]:
         return list(self.relays[1].tail)
+
+    def ended_how(self) -> str:
+        """How it ended, in words (its host cut off, or its exit code)."""
+        lost = self.link.lost_reason if self.link is not None else None
+        return lost or describe_returncode(self.process.returncode, self.remote)
 
 
 @dataclass(frozen=True)
@@ -136,22 +144,22 @@ class Supervisor:
             self._wakeup.wait(self.poll_interval_s)
             failed = self._failed_workers()
         causes = {w.rank: self.peer_failure(w.rank) for w in failed}
-        root = next((w for w in failed if not causes[w.rank]), failed[0])
+        cut_off = [w for w in failed if w.link is not None and w.link.lost_reason]
+        root = cut_off[0] if cut_off else next((w for w in failed if not causes[w.rank]), failed[0])
         code = root.process.returncode
         verdict = self.detector.blame_after_failure(root.rank) if self.detector is not None else None
         if verdict is not None:
             return self._hang_failure(verdict, failed)
-        consequences = [(w.rank, describe_returncode(w.process.returncode, w.remote), causes[w.rank] or "")
-                        for w in failed if w is not root]
+        consequences = [(w.rank, w.ended_how(), causes[w.rank] or "") for w in failed if w is not root]
         return Failure(root.rank, root.hostname, None if root.remote else root.process.pid, code,
-                       describe_returncode(code, root.remote), consequences)
+                       root.ended_how(), consequences)
 
     def _hang_failure(self, verdict: HangVerdict, failed: Sequence[Worker] = ()) -> Failure:
         """The failure a hang verdict describes: its first rank, and the failed ranks as consequences."""
         rank = verdict.ranks[0]
         blamed = next(w for w in self.workers if w.rank == rank)
-        consequences = [(w.rank, describe_returncode(w.process.returncode, w.remote), f"it waited for rank {rank}")
-                        for w in failed if w.rank not in verdict.ranks]
+        consequences = [(w.rank, w.ended_how(), f"it waited for rank {rank}") for w in failed
+                        if w.rank not in verdict.ranks]
         pid = None if blamed.remote else verdict.pids.get(rank) or blamed.process.pid
         return Failure(rank, blamed.hostname, pid, 1, verdict.reason, consequences)
 
@@ -167,7 +175,7 @@ def report_failure(failure: Failure, workers: Sequence[Worker], stream=None) -> 
     if failure.rank is None:
         print(f"torchring run: {failure.reason}; stopped all {len(workers)} ranks.", file=stream)
         return
-    stopped = f"; stopped the other {others} rank{'s' if others != 1 else ''}" if others else ""
+    stopped = "; stopped the other rank" if others == 1 else f"; stopped the other {others} ranks" if others else ""
     where = f"pid {failure.pid} on {failure.hostname}" if failure.pid is not None else f"on {failure.hostname}"
     print(f"torchring run: rank {failure.rank} ({where}) {failure.reason}{stopped}.", file=stream)
     for rank, ended, cause in failure.consequences:

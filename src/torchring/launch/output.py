@@ -15,7 +15,8 @@ class OutputRelay:
 
     def __init__(self, rank: int | str, stream_name: str, source: BinaryIO, sink: BinaryIO, keep_lines: int = 20,
                  show: bool = True, file: BinaryIO | None = None,
-                 control: tuple[bytes, Callable[[bytes], None]] | None = None) -> None:
+                 control: tuple[bytes, Callable[[bytes], None]] | None = None,
+                 on_line: Callable[[], None] | None = None) -> None:
         self.rank = rank
         self._prefix = f"[{rank}]<{stream_name}>:".encode()
         self._source = source
@@ -28,6 +29,8 @@ class OutputRelay:
         #: (prefix, handler): lines that start with the prefix go to the handler, not to the console
         #: (``remote_rank``'s control lines on a remote process's stderr).
         self._control = control
+        #: Called for every line (a remote process's link counts its output as a sign of life).
+        self._on_line = on_line
         self._thread = threading.Thread(target=self._pump, name=f"relay-{rank}-{stream_name}", daemon=True)
 
     def start(self) -> None:
@@ -38,6 +41,8 @@ class OutputRelay:
 
     def _pump(self) -> None:
         for line in iter(self._source.readline, b""):
+            if self._on_line is not None:
+                self._on_line()
             if self._control is not None and line.startswith(self._control[0]):
                 self._control[1](line)
                 continue

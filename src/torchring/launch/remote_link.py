@@ -67,6 +67,10 @@ class RemoteLink:
             return False
         return True
 
+    def heard(self) -> None:
+        """Any line from the process is a sign of life (a pong may queue behind a burst of output)."""
+        self.last_heard = time.monotonic()
+
     def on_control(self, line: bytes) -> None:
         """A control line from the relay of the process's stderr (``CONTROL_PREFIX`` included)."""
         self.last_heard = time.monotonic()

@@ -222,9 +222,11 @@ class Spawner:
         stdout_file, stderr_file = self._output_files(name)
         assert process.stdout is not None and process.stderr is not None
         control = (CONTROL_PREFIX, link.on_control) if link is not None else None
-        return (OutputRelay(name.label, "stdout", process.stdout, sys.stdout.buffer, show=show, file=stdout_file),
+        heard = link.heard if link is not None else None
+        return (OutputRelay(name.label, "stdout", process.stdout, sys.stdout.buffer, show=show, file=stdout_file,
+                            on_line=heard),
                 OutputRelay(name.label, "stderr", process.stderr, sys.stderr.buffer, show=show, file=stderr_file,
-                            control=control))
+                            control=control, on_line=heard))
 
     def _output_files(self, name: ProcessName) -> tuple[BinaryIO | None, BinaryIO | None]:
         if self.settings.output_dir is None:

@@ -99,6 +99,10 @@ STACK_FILE = "TORCHRING_STACK_FILE"
 STACK_DUMP_SIGNAL_NAME = "SIGUSR2"
 #: The first line a rank writes to its stack file: ``torchring-stacks pid=<pid>`` (the process to signal).
 STACK_FILE_HEADER = "torchring-stacks pid="
-#: The file where a rank's runtime records its recent collectives, pending requests and optimizer steps
-#: (``runtime.flight_recorder``); read by the hang detector next to the stack file.
+
+# ---- the flight recorder (the hang report's "last collectives", straggler detection) ---------------
+
+#: The JSON file a rank's flight recorder (``torchring.runtime.flight_recorder``) rewrites about once a
+#: second with its last collectives, its pending requests and its optimizer step times; set by the
+#: launcher, read by the rank at ``init()`` (and removed from its environment, so children do not inherit it).
 OPS_FILE = "TORCHRING_OPS_FILE"

@@ -10,6 +10,7 @@ on this rank, so no rank waits forever) and then runs the wrapped optimizer's st
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Iterable, Sequence
 from contextlib import contextmanager
@@ -135,6 +136,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._lane_voting = True
         self._synchronized = False
         self._should_synchronize = True
+        #: Steps whose gradients this rank reduced, and when the last one ended (for the flight recorder).
+        self._reduced_steps = 0
+        self._last_step_end: float | None = None
         self._hook_handles = []
         if self._reduces():
             self._hook_handles = [p.register_post_accumulate_grad_hook(self._gradient_ready) for p in self._params]
@@ -285,6 +289,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                         self._submit_group(group)
                     else:
                         self._handles[param] = self._allreduce_gradient(param)
+        waited_from = time.perf_counter()
         reducer.finish_step()
         for param, (handle, ctx) in list(self._handles.items()):
             self._allreduce_delay[param] = self.backward_passes_per_step
@@ -298,8 +303,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     param.grad.copy_(output)
         self._handles.clear()
         self._synchronized = True
+        self._record_step(time.perf_counter() - waited_from)
         if reducer is self._engine_reducer:
             self._vote_for_lane()
+
+    def _record_step(self, wait_s: float) -> None:
+        """Tell the flight recorder (``TORCHRING_OPS_FILE``) how long this step waited for its reductions
+        and how long it took since the previous one ended; steps are numbered alike on every rank."""
+        now = time.perf_counter()
+        interval_s = None if self._last_step_end is None else now - self._last_step_end
+        self._last_step_end = now
+        context.current().recorder.step(self, self._reduced_steps, wait_s, interval_s)
+        self._reduced_steps += 1
 
     # ---- the bucket lane ------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ import threading
 import time
 
 from .jobs import python_script, start_job, torchring_command, wait_until_gone
+from .test_metrics import free_port, scrape, value
 
 HVD = ("--horovod-compat", *python_script("hang_hvd.py"))
 
@@ -73,6 +74,9 @@ def test_a_frozen_rank_is_named_and_blamed_and_killed():
     assert re.search(r"torchring run: rank 1: frozen \(process state T, stopped\) for \d+ s — the odd one out", stderr)
     assert re.search(r"rank 1 \(pid \d+ on localhost\) froze \(process state T, stopped\)", _summary(stderr))
     assert took < 15, stderr
+    # what torchring's runtime in rank 0 recorded: its last collectives, and the one it waits in
+    assert re.search(r"torchring run:   rank 0: last collectives: allreduce 'grad' \(done [\d.]+ s ago\)", stderr), stderr
+    assert re.search(r"torchring run:   rank 0: waiting for other ranks: allreduce 'grad' since", stderr), stderr
 
 
 def test_a_waiting_ranks_timeout_still_blames_the_frozen_rank():
@@ -118,4 +122,23 @@ def test_sigusr1_prints_every_ranks_stack_and_the_job_goes_on(tmp_path):
     text = open(report).read()
     assert "==== rank 0 (running" in text and "==== rank 1 (running" in text and text.count("in main") >= 2
     assert "done rank=0" in lines.text["stdout"] and "done rank=1" in lines.text["stdout"]
+    assert wait_until_gone(marker) == []
+
+
+def test_a_straggling_rank_is_named_once_and_its_gauges_are_served(tmp_path):
+    stop, port = tmp_path / "stop", free_port()
+    process, marker = start_job("run", "-np", "2", "--hang-timeout", "10", "--metrics-port", str(port),
+                                *python_script("straggler_job.py"), str(stop))
+    lines = _Lines(process)
+    try:
+        warning = lines.wait_for(r"torchring run: rank 1 is a straggler: (.*)", "stderr").group(1)
+        values = scrape(port)
+    finally:
+        stop.touch()  # the job ends either way
+    assert lines.finish(process) == 0, lines.text
+    assert "the last to reach the gradient reductions in" in warning, warning
+    assert value(values, "torchring_straggler_last_fraction", rank="1") >= 0.8, values
+    assert value(values, "torchring_straggler_lag_seconds", rank="1") > 0.01, values
+    assert value(values, "torchring_straggler_last_fraction", rank="0") <= 0.2, values
+    assert lines.text["stderr"].count("is a straggler") == 1, lines.text["stderr"]
     assert wait_until_gone(marker) == []

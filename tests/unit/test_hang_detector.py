@@ -12,15 +12,34 @@ from pathlib import Path
 
 from torchring.contract import STACK_FILE
 from torchring.launch.hang_detector import HangDetector
-from torchring.launch.stack_probe import STACK_HOOK_PATH, StackProbe
+from torchring.launch.stack_probe import STACK_HOOK_PATH, StackProbe, prepare_stack_files, probe_all
 
 #: "ready" and the sleep on one line, so a dump taken as soon as "ready" arrives shows that line.
 SLEEPER = "import time\nprint('ready', flush=True); time.sleep(60)\n"
 
 
-def _python_rank(stack_file: Path) -> subprocess.Popen:
+#: Three threads and the main thread busy in Python: the case where a signal-handler dump can crash.
+BUSY = """import threading
+def spin(depth=0):
+    return spin(depth + 1) if depth < 20 else sum(range(20))
+def worker():
+    while True:
+        spin()
+for _ in range(3):
+    threading.Thread(target=worker, daemon=True).start()
+def main_loop():
+    print('ready', flush=True)
+    while True:
+        spin()
+main_loop()
+"""
+#: The main thread in one C call that holds the GIL for minutes (catastrophic backtracking in ``re``).
+GIL_HELD = "import re\nprint('ready', flush=True); re.match('(a*)*b', 'a' * 40)\n"
+
+
+def _python_rank(stack_file: Path, code: str = SLEEPER) -> subprocess.Popen:
     env = {**os.environ, STACK_FILE: str(stack_file), "PYTHONPATH": str(STACK_HOOK_PATH)}
-    process = subprocess.Popen([sys.executable, "-c", SLEEPER], env=env, stdout=subprocess.PIPE, text=True,
+    process = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True,
                                start_new_session=True)
     assert process.stdout.readline() == "ready\n"
     return process
@@ -41,8 +60,7 @@ def _detector(timeout_s: float, logged: list[str]) -> tuple[HangDetector, thread
 def test_with_a_rank_it_cannot_sample_only_a_frozen_rank_makes_a_hang(tmp_path):
     logged: list[str] = []
     detector, hung, _reported = _detector(1, logged)
-    stack_file = tmp_path / "rank0.stacks"
-    stack_file.touch()
+    stack_file, _ = prepare_stack_files(tmp_path / "rank0")
     python = _python_rank(stack_file)
     opaque = subprocess.Popen(["sleep", "60"], start_new_session=True)  # not Python: no stack to sample
     try:
@@ -67,8 +85,7 @@ def test_with_a_rank_it_cannot_sample_only_a_frozen_rank_makes_a_hang(tmp_path):
 def test_no_sampling_without_a_timeout_but_a_report_on_request(tmp_path):
     logged: list[str] = []
     detector, hung, reported = _detector(0, logged)
-    stack_file = tmp_path / "rank0.stacks"
-    stack_file.touch()
+    stack_file, _ = prepare_stack_files(tmp_path / "rank0")
     python = _python_rank(stack_file)
     try:
         detector.add(0, python, StackProbe(python.pid, stack_file))
@@ -80,5 +97,32 @@ def test_no_sampling_without_a_timeout_but_a_report_on_request(tmp_path):
         assert detector.verdict is None
     finally:
         detector.stop()
+        python.kill()
+        python.wait()
+
+
+def test_dumps_while_every_thread_runs_python_come_from_the_dump_thread_and_never_crash_the_rank(tmp_path):
+    stack_file, _ = prepare_stack_files(tmp_path / "rank0")
+    python = _python_rank(stack_file, BUSY)
+    probe = StackProbe(python.pid, stack_file)
+    try:
+        for _ in range(60):
+            result = probe_all([probe])[0]
+            assert python.poll() is None, "the rank crashed while its stack was taken"
+            assert result.state == "running" and not probe.signalled
+            assert "in main_loop" in result.dump and result.dump.count("in worker") == 3
+    finally:
+        python.kill()
+        python.wait()
+
+
+def test_a_rank_holding_the_gil_in_a_c_call_is_dumped_by_faulthandler_instead(tmp_path):
+    stack_file, _ = prepare_stack_files(tmp_path / "rank0")
+    python = _python_rank(stack_file, GIL_HELD)
+    try:
+        result = probe_all([StackProbe(python.pid, stack_file)], wait_s=5)[0]
+        assert result.state == "running" and result.dump is not None
+        assert 'File "<string>", line 2 in <module>' in result.dump
+    finally:
         python.kill()
         python.wait()

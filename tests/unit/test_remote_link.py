@@ -14,6 +14,7 @@ import threading
 import time
 
 from torchring.launch.output import OutputRelay
+from torchring.launch.proc_info import process_state
 from torchring.launch.remote_link import CONTROL_PREFIX, RemoteLink, RemoteLinks, RemoteProbe
 from torchring.launch.stack_probe import probe_all
 
@@ -58,6 +59,7 @@ def test_remote_rank_answers_pings_and_stack_samples_and_relays_forged_control_l
         assert 'line 4 in waiting_for_data' in result.dump and "forged" not in result.dump
         assert b"[1]<stderr>: " + FORGED.encode() + b"\n" in shown.getvalue()  # escaped, shown as output
         os.kill(result.pid, signal.SIGSTOP)
+        _await(lambda: (process_state(result.pid) or "?")[0] == "T")
         frozen = probe_all([probe], wait_s=5)[0]
         assert frozen.state == "frozen" and frozen.process_state == "T" and frozen.dump is None
         os.kill(result.pid, signal.SIGCONT)

@@ -4,7 +4,9 @@ Every ``interval = clamp(hang_timeout / 10, 1, 30)`` seconds the detector asks e
 for a sample: a :class:`~torchring.launch.stack_probe.StackProbe` for a local rank, a
 :class:`~torchring.launch.remote_link.RemoteProbe` for a rank on another host (its ``remote_rank``
 supervisor runs the same probe there). A frozen rank (process state ``T``/``t``) is never signalled.
-A rank made progress when its dump differs from the previous one. The job is hung when no rank made
+A rank made progress when its dump differs from the previous one, or when torchring's runtime in it
+recorded new collectives or steps (its ops file, ``ops_report``); after each sample the ranks' step
+times go to the straggler watch (``stragglers``). The job is hung when no rank made
 progress for ``hang_timeout`` seconds; with a rank it cannot sample (a container, a command that is
 not Python), only when a rank it can see has been frozen that long. Then the report (``hang_report``)
 is printed, written to ``$TMPDIR/torchring-hang-<launcher pid>.txt``, and ``verdict`` is set for the
@@ -26,8 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from .hang_report import RankSample, blame, format_report, parse_dump, rank_list, waiting_in_collective
+from .ops_report import progress_mark
 from .remote_link import RemoteProbe
 from .stack_probe import DUMP_WAIT_S, Probe, ProbeResult, probe_all
+from .stragglers import StragglerWatch
 
 __all__ = ["HangDetector", "HangVerdict", "sampling_interval"]
 
@@ -70,7 +74,10 @@ class HangDetector:
     """Samples the ranks added with ``add``; a thread of its own once ``start`` is called."""
 
     def __init__(self, hang_timeout_s: float, log: Callable[[str], None], on_hang: Callable[[], None],
-                 report_dir: str | None = None, noun: str = "rank") -> None:
+                 report_dir: str | None = None, noun: str = "rank",
+                 stragglers: StragglerWatch | None = None) -> None:
+        #: Fed the ranks' optimizer steps after every sample (the straggler warning and gauges).
+        self.stragglers = stragglers
         #: What the report calls a process: "rank", or "worker" in an elastic job (worker N is ``[wN]``).
         self.noun = noun
         self.hang_timeout_s = hang_timeout_s
@@ -134,7 +141,17 @@ class HangDetector:
                 self._print(lines, self._write(full, "torchring-stacks"))
             elif self.interval_s is not None:
                 self.sample()
+                self._watch_stragglers()
                 self._check()
+
+    def _watch_stragglers(self) -> None:
+        if self.stragglers is None:
+            return
+        with self._lock:
+            steps = {t.rank: t.ops.get("steps") for t in self._tracked.values()
+                     if t.ops is not None and t.process.poll() is None}
+        if len(steps) > 1:
+            self.stragglers.update(steps)
 
     # ---- sampling ---------------------------------------------------------------------------------
 
@@ -154,6 +171,9 @@ class HangDetector:
     def _update(tracked: _Tracked, result: ProbeResult, stamp: float) -> None:
         tracked.last = result
         tracked.pid = result.pid or tracked.pid
+        mark = progress_mark(result.ops)
+        if mark is not None and mark != progress_mark(tracked.ops):
+            tracked.changed_at = stamp  # its runtime recorded new collectives or steps
         tracked.ops = result.ops or tracked.ops
         if result.state == "frozen":
             tracked.frozen_since = tracked.frozen_since or stamp

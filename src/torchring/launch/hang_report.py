@@ -3,15 +3,20 @@ their main thread is, and say which ranks to blame.
 
 Blame rule: frozen ranks (process state ``T``/``t``) first; else the ranks whose main thread is *not*
 waiting in a collective (innermost frames in ``torch/distributed/``, torchring's runtime or the Horovod
-shim); else the smallest group. Pure functions, no processes: the detector (``hang_detector``) feeds them.
+shim); else the smallest group. Where torchring's runtime recorded them (``ops_report``), each group also
+shows its ranks' last collectives and the requests they wait for. Pure functions, no processes: the
+detector (``hang_detector``) feeds them.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from .ops_report import format_ops, rank_list
 
 __all__ = ["Frame", "RankSample", "ThreadStack", "blame", "format_report", "group_ranks", "parse_dump",
            "waiting_in_collective"]
@@ -22,6 +27,8 @@ SHOWN_FRAMES = 8
 COLLECTIVE_PATHS = ("torch/distributed/", "torchring/runtime/", "torchring/collectives.py", "torchring/functions.py",
                     "torchring/optimizer.py", "torchring/reduction.py", "torchring/grouped.py",
                     "torchring/sync_batch_norm.py", "torchring/elastic/", "torchring/compat/", "torch/nn/parallel/")
+#: How many ranks of a group have their recorded collectives shown on the console (all are in the file).
+SHOWN_OPS_RANKS = 4
 #: How many innermost frames are looked at for ``COLLECTIVE_PATHS``.
 COLLECTIVE_DEPTH = 6
 
@@ -174,14 +181,12 @@ def blame(samples: Sequence[RankSample]) -> list[int]:
     return [s.rank for s in groups[-1]] if len(groups) > 1 else []
 
 
-def rank_list(ranks: Sequence[int], noun: str = "rank") -> str:
-    """``rank 1`` or ``ranks 0,2`` (``noun`` "worker" for the workers of an elastic job)."""
-    return f"{noun} {ranks[0]}" if len(ranks) == 1 else f"{noun}s " + ",".join(str(r) for r in ranks)
-
-
-def format_report(samples: Sequence[RankSample], title: str, noun: str = "rank") -> tuple[list[str], str]:
-    """The report's lines for the console (groups, blame, innermost frames) and its full text for the
-    file (the same, then every rank's whole dump)."""
+def format_report(samples: Sequence[RankSample], title: str, noun: str = "rank",
+                  now: float | None = None) -> tuple[list[str], str]:
+    """The report's lines for the console (groups, blame, innermost frames, what torchring recorded of
+    the ranks' collectives) and its full text for the file (the same, then every rank's whole dump).
+    ``now``: the wall-clock time the recorded times are compared with (default: now)."""
+    now = time.time() if now is None else now
     blamed = blame(samples)
     lines = [title]
     for group in group_ranks(samples):
@@ -199,12 +204,16 @@ def format_report(samples: Sequence[RankSample], title: str, noun: str = "rank")
             lines.append(f"  its last stack, sampled {group[0].sampled_ago_s:.0f} s ago:")
         for frame in thread.frames[:SHOWN_FRAMES] if thread else ():
             lines.append(f"    {frame.function} ({frame.file}:{frame.line})")
+        for sample in [s for s in group if s.ops][:SHOWN_OPS_RANKS]:
+            lines.extend(f"  {noun} {sample.rank}: {line}" for line in format_ops(sample.ops, now))
     if blamed:
         lines.append(f"blamed: {rank_list(blamed, noun)}")
     full = ["\n".join(lines), ""]
     for sample in sorted(samples, key=lambda s: s.rank):
         pid = f", pid {sample.pid}" if sample.pid else ""
         full.append(f"==== {noun} {sample.rank} ({sample.state}{pid}) ====")
+        full.extend(format_ops(sample.ops, now) if sample.ops else [])
         full.append(sample.text.strip() or "(no stack)")
         full.append("")
     return lines, "\n".join(full) + "\n"
+

@@ -30,7 +30,7 @@ from typing import Any, BinaryIO
 
 from ..contract import OPS_FILE, STACK_FILE
 from .remote_link import CONTROL_PREFIX, LOST_GRACE_S
-from .stack_probe import STACK_HOOK_PATH, StackProbe, probe_all
+from .stack_probe import STACK_HOOK_PATH, StackProbe, prepare_stack_files, probe_all
 
 GRACE_PERIOD_S = 3.0
 CLEANUP_TIMEOUT_S = 20.0
@@ -127,8 +127,7 @@ def _read_spec() -> dict[str, Any]:
 def _probe_files(env: dict[str, str]) -> tuple[Path, Path]:
     """A stack file and an ops file for the rank, with the stack hook first on its ``PYTHONPATH``."""
     directory = Path(tempfile.mkdtemp(prefix="torchring-remote-stacks-"))
-    stack_file, ops_file = directory / "rank.stacks", directory / "rank.ops"
-    stack_file.touch()
+    stack_file, ops_file = prepare_stack_files(directory / "rank")
     env[STACK_FILE], env[OPS_FILE] = str(stack_file), str(ops_file)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(STACK_HOOK_PATH), env.get("PYTHONPATH")) if p)
     return stack_file, ops_file

@@ -39,6 +39,7 @@ from .discovery import HostDiscovery
 from .elastic_driver import ElasticDriver, ElasticSettings
 from .flag_modes import check_flags_for_mode
 from .hang_detector import HangDetector
+from .stragglers import StragglerWatch
 from .hosts import HostSlots, assign_ranks, is_local_host, parse_hostfile, parse_hosts
 from .preflight import PreflightError, require_hosts
 from .rendezvous import RendezvousServer
@@ -208,14 +209,17 @@ def _metrics_port(port: int | None) -> int | None:
     return port
 
 
-def _serve_metrics(config: RunConfig, store: dist.Store, max_ranks: int) -> dict[str, str]:
-    """Serve the job's metrics when asked; the variables that make the ranks publish theirs."""
+def _serve_metrics(config: RunConfig, store: dist.Store, max_ranks: int,
+                   stragglers: StragglerWatch | None = None) -> dict[str, str]:
+    """Serve the job's metrics when asked (with the straggler gauges of ``stragglers``); the variables
+    that make the ranks publish theirs."""
     if config.metrics_port is None:
         return {}
     from ..metrics.exporter import serve_job_metrics
 
     try:
-        serve_job_metrics(store, config.metrics_port, max_ranks)
+        serve_job_metrics(store, config.metrics_port, max_ranks,
+                          straggler_gauges=stragglers.gauges if stragglers is not None else None)
     except OSError as error:
         raise OSError(f"cannot serve metrics on port {config.metrics_port}: {error.strerror}; choose another "
                       "--metrics-port") from None
@@ -292,11 +296,12 @@ def run_job(config: RunConfig, with_store: Callable[[dist.Store], None] | None =
     remote_hosts = list(dict.fromkeys(slot.hostname for slot in assignments if not is_local_host(slot.hostname)))
     server = RendezvousServer("127.0.0.1", config.port)
     stack_dir = tempfile.mkdtemp(prefix="torchring-stack-dumps-")
+    stragglers = StragglerWatch(_log)
     try:
         if with_store is not None:
             with_store(server.store)
-        spawner = Spawner(spawn_settings(config, _serve_metrics(config, server.store, config.num_proc), stack_dir),
-                          server.port, log=_log)
+        metrics_env = _serve_metrics(config, server.store, config.num_proc, stragglers)
+        spawner = Spawner(spawn_settings(config, metrics_env, stack_dir), server.port, log=_log)
         if remote_hosts:
             spawner.add_reports(require_hosts(remote_hosts, server.port, config.network_interfaces, config.ssh,
                                               _log if config.verbose else None))
@@ -307,7 +312,7 @@ def run_job(config: RunConfig, with_store: Callable[[dist.Store], None] | None =
     if config.verbose:
         where = f"on {len({s.hostname for s in assignments})} host(s)" if remote_hosts else "on this host"
         _log(f"{config.num_proc} ranks {where}, rendezvous port {server.port}")
-    detector = HangDetector(config.hang_timeout_s, _log, lambda: supervisor.wake())
+    detector = HangDetector(config.hang_timeout_s, _log, lambda: supervisor.wake(), stragglers=stragglers)
     supervisor = Supervisor(peer_failure=server.peer_failure, detector=detector if config.hang_timeout_s else None)
     spawner.links.on_lost = lambda _link: supervisor.wake()
     previous = {sig: signal.signal(sig, lambda signum, _frame: supervisor.request_stop(signum))

@@ -43,7 +43,7 @@ from .network import interface_of
 from .output import OutputRelay
 from .remote_link import CONTROL_PREFIX, RemoteLink, RemoteLinks, RemoteProbe
 from .ssh import HostReport, SshOptions, send_spec, spawn_remote
-from .stack_probe import STACK_HOOK_PATH, Probe, StackProbe
+from .stack_probe import STACK_HOOK_PATH, Probe, StackProbe, prepare_stack_files
 from .worker_env import EnvironmentPlan, Placement, rank_environment
 
 __all__ = ["ProcessName", "SpawnSettings", "Spawned", "Spawner"]
@@ -185,10 +185,7 @@ class Spawner:
     def _stack_files(self, name: ProcessName) -> tuple[Path, Path] | None:
         if self.settings.stack_dir is None:
             return None
-        stem = Path(self.settings.stack_dir) / f"{name.directory}.{uuid.uuid4().hex[:6]}"
-        stack_file = stem.with_suffix(".stacks")
-        stack_file.touch()
-        return stack_file, stem.with_suffix(".ops")
+        return prepare_stack_files(Path(self.settings.stack_dir) / f"{name.directory}.{uuid.uuid4().hex[:6]}")
 
     def _how(self, placement: Placement, process: subprocess.Popen) -> str:
         if placement is Placement.CONTAINER:

@@ -1,10 +1,12 @@
 """Asking one rank where it is: the probe the hang detector uses for a local rank, and ``remote_rank``
 uses on its host for the rank it runs (the answer then travels back over the SSH channel).
 
-A rank's first Python process registers a ``faulthandler`` dump on SIGUSR2 into its stack file (the
-``stack_hook``; the file's first line names that process). A probe reads ``/proc/PID/stat`` (state
-``T``/``t``: frozen, never signalled), sends SIGUSR2 when the process catches it, and reads what the
-dump appended once the file stopped growing; each read truncates the file back to its header. With an
+A rank's first Python process runs the ``stack_hook``: the stack file's first line names that process,
+and a thread of it writes every thread's stack to the file (``faulthandler``'s format) each time a byte
+arrives on the FIFO ``<stack file>.trigger``. A probe reads ``/proc/PID/stat`` (state ``T``/``t``:
+frozen, never asked), writes the byte, and reads what was appended once the file stopped growing; each
+read truncates the file back to its header. When no dump came within ``FALLBACK_S`` (a thread holds the
+GIL in a C call), it sends SIGUSR2 once, on which ``faulthandler`` dumps from the signal handler. With an
 ops file (``TORCHRING_OPS_FILE``), what torchring's runtime recorded there (recent collectives, pending
 requests, optimizer steps) comes with the answer.
 """
@@ -21,17 +23,18 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..contract import STACK_FILE_HEADER
+from .ops_report import read_ops_file
 from .proc_info import catches_signal, process_state
 
-__all__ = ["DUMP_WAIT_S", "MAX_OPS_BYTES", "Probe", "ProbeResult", "STACK_HOOK_PATH", "StackProbe", "probe_all",
-           "read_json_file"]
+__all__ = ["DUMP_WAIT_S", "Probe", "ProbeResult", "STACK_HOOK_PATH", "StackProbe", "prepare_stack_files",
+           "probe_all"]
 
 #: How long one probe waits for a rank to write its dump.
 DUMP_WAIT_S = 1.0
+#: How long a probe waits for the rank's dump thread before it falls back to SIGUSR2.
+FALLBACK_S = 0.5
 #: The directory whose ``sitecustomize`` registers the stack dump (first on a rank's ``PYTHONPATH``).
 STACK_HOOK_PATH = Path(__file__).resolve().parent / "stack_hook"
-#: The most of a rank's ops file a probe reads (a file another process writes is never trusted in size).
-MAX_OPS_BYTES = 256 * 1024
 #: The most of one dump a probe keeps.
 MAX_DUMP_CHARS = 512 * 1024
 
@@ -69,20 +72,17 @@ class ProbeResult:
                    ops if isinstance(ops, dict) else None)
 
 
-def read_json_file(path: Path, limit: int = MAX_OPS_BYTES) -> dict[str, Any] | None:
-    """A JSON object from ``path`` (at most ``limit`` bytes); None when missing, too big or malformed."""
-    try:
-        with path.open("rb") as file:
-            data = file.read(limit + 1)
-    except OSError:
-        return None
-    if len(data) > limit:
-        return None
-    try:
-        value = json.loads(data)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
+def prepare_stack_files(stem: Path) -> tuple[Path, Path]:
+    """The stack file (empty), its trigger FIFO and the ops file's path for a rank, named after ``stem``."""
+    stack_file = stem.with_name(stem.name + ".stacks")
+    stack_file.touch()
+    os.mkfifo(trigger_path(stack_file), 0o600)
+    return stack_file, stem.with_name(stem.name + ".ops")
+
+
+def trigger_path(stack_file: Path) -> str:
+    """The FIFO that asks the rank for a dump (the stack hook opens ``<stack file>.trigger``)."""
+    return str(stack_file) + ".trigger"
 
 
 class Probe(Protocol):
@@ -111,13 +111,16 @@ class StackProbe:
         #: Where the next dump starts: the end of the header line.
         self._offset = 0
         self._asked = False
+        self._asked_at = 0.0
+        #: Whether the last sample fell back to SIGUSR2 (the dump thread did not answer in time).
+        self.signalled = False
         self._size = -1
         self._dump: str | None = None
         self._state = "unsampled"
 
     def ask(self) -> None:
-        """Check the process state and, when it is not stopped, send SIGUSR2."""
-        self._dump, self._asked, self._size = None, False, -1
+        """Check the process state and, when it is not stopped, ask the rank's dump thread for a dump."""
+        self._dump, self._asked, self._size, self.signalled = None, False, -1, False
         if self.pid is None:
             self.pid = self._header_pid()
         stat = process_state(self.pid or self.leader_pid)
@@ -125,13 +128,32 @@ class StackProbe:
             self._state = "frozen"
             return
         self._state = "unsampled"
-        if self.pid is None or stat is None or not catches_signal(self.pid, signal.SIGUSR2):
+        if self.pid is None or stat is None:
             return
+        try:
+            trigger = os.open(trigger_path(self.stack_file), os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:  # no FIFO, or no reader: only the signal is left
+            self._asked = self._fall_back()
+            return
+        try:
+            os.write(trigger, b"d")
+        except OSError:
+            self._asked = self._fall_back()
+            return
+        finally:
+            os.close(trigger)
+        self._asked, self._asked_at = True, time.monotonic()
+
+    def _fall_back(self) -> bool:
+        """SIGUSR2 for ``faulthandler``'s dump, once per sample, when the rank catches it."""
+        if self.signalled or self.pid is None or not catches_signal(self.pid, signal.SIGUSR2):
+            return False
         try:
             os.kill(self.pid, signal.SIGUSR2)
         except OSError:
-            return
-        self._asked = True
+            return False
+        self.signalled, self._asked_at = True, time.monotonic()
+        return True
 
     @property
     def done(self) -> bool:
@@ -148,6 +170,8 @@ class StackProbe:
             self._asked = False
             return True
         self._size = size
+        if size <= self._offset and not self.signalled and time.monotonic() - self._asked_at > FALLBACK_S:
+            self._fall_back()
         return False
 
     def result(self) -> ProbeResult:
@@ -155,7 +179,7 @@ class StackProbe:
         pid = self.pid or self.leader_pid
         stat = process_state(pid)
         state = "running" if self._dump is not None else self._state
-        ops = read_json_file(self.ops_file) if self.ops_file is not None else None
+        ops = read_ops_file(self.ops_file) if self.ops_file is not None else None
         return ProbeResult(state, self.pid, self._dump, stat[0] if stat else "", stat[1] if stat else None, ops)
 
     def _header_pid(self) -> int | None:

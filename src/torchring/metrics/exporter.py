@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch.distributed as dist
@@ -80,6 +80,29 @@ def families(snapshots: dict[int, dict[str, Any]]) -> Iterator[Any]:
         yield rate
 
 
+#: What the launcher's straggler watch reports per rank: (lag in seconds, fraction of steps it was last).
+StragglerGauges = Callable[[], Mapping[int, tuple[float, float]]]
+
+
+def straggler_families(gauges: Mapping[int, tuple[float, float]]) -> Iterator[Any]:
+    """``torchring_straggler_lag_seconds`` and ``torchring_straggler_last_fraction`` (label ``rank``)
+    for the launcher's ``StragglerWatch.gauges()``; nothing when no rank has been seen."""
+    if not gauges:
+        return
+    lag = GaugeMetricFamily("torchring_straggler_lag_seconds",
+                            "median seconds a rank reached the gradient reductions after the others, in the "
+                            "recent steps it was the last to arrive", labels=["rank"])
+    last = GaugeMetricFamily("torchring_straggler_last_fraction",
+                             "share of the recent optimizer steps in which the rank was the last to arrive",
+                             labels=["rank"])
+    for rank in sorted(gauges):
+        lag_s, fraction = gauges[rank]
+        lag.add_metric([str(rank)], float(lag_s))
+        last.add_metric([str(rank)], float(fraction))
+    yield lag
+    yield last
+
+
 class _LocalCollector(Collector):
     def __init__(self, rank: int) -> None:
         self.rank = rank
@@ -91,9 +114,10 @@ class _LocalCollector(Collector):
 class JobCollector(Collector):
     """The launcher's view: the latest snapshot every rank published in the store."""
 
-    def __init__(self, store: dist.Store, max_ranks: int) -> None:
+    def __init__(self, store: dist.Store, max_ranks: int, straggler_gauges: StragglerGauges | None = None) -> None:
         self.store = store
         self.max_ranks = max_ranks
+        self.straggler_gauges = straggler_gauges
 
     def collect(self) -> Iterator[Any]:
         snapshots = {}
@@ -104,13 +128,17 @@ class JobCollector(Collector):
                     snapshots[rank] = json.loads(self.store.get(key))
             except (RuntimeError, OSError, ValueError):
                 continue
-        return families(snapshots)
+        yield from families(snapshots)
+        if self.straggler_gauges is not None:
+            yield from straggler_families(self.straggler_gauges())
 
 
-def serve_job_metrics(store: dist.Store, port: int, max_ranks: int, address: str = "0.0.0.0") -> None:
-    """On the launcher: serve the ranks' published metrics on ``port``."""
+def serve_job_metrics(store: dist.Store, port: int, max_ranks: int, address: str = "0.0.0.0",
+                      straggler_gauges: StragglerGauges | None = None) -> None:
+    """On the launcher: serve the ranks' published metrics on ``port``; with ``straggler_gauges``
+    (``StragglerWatch.gauges``), the straggler gauges too."""
     registry = CollectorRegistry()
-    registry.register(JobCollector(store, max_ranks))
+    registry.register(JobCollector(store, max_ranks, straggler_gauges))
     start_http_server(port, addr=address, registry=registry)
 
 

@@ -26,6 +26,7 @@ from ..exceptions import NOT_INITIALIZED_MESSAGE
 from .control import ControlChannel
 from .engine import Engine, EngineSettings
 from .executor import DataGroups, Executor
+from .flight_recorder import NULL_RECORDER, Recorder, open_recorder
 from .lanes import GroupOpener, LaneRegistry
 from .process_set_table import ProcessSetTable
 from .settings import Settings
@@ -54,6 +55,8 @@ class Runtime:
     lanes: LaneRegistry
     #: Publishes this rank's metrics to the launcher (``torchring run --metrics-port``), if asked.
     metrics_publisher: object | None = None
+    #: Writes this rank's last collectives and step times for the launcher (``TORCHRING_OPS_FILE``).
+    recorder: Recorder = NULL_RECORDER
 
 
 _lock = threading.RLock()
@@ -263,11 +266,13 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
         timeline = _initial_timeline(info.rank, settings)
         if timeline is not None:
             engine.timeline = timeline
+        recorder = engine.recorder = open_recorder(settings.ops_file, info.rank, info.size)
         engine.start()
         lanes = LaneRegistry(generation_prefix(_generation), _lane_group_opener(store, table, timeout),
-                             lambda: engine.timeline)
+                             lambda: engine.timeline, recorder)
         _runtime = Runtime(environment, topology, store, control_group, table, engine, _generation,
-                           dynamic_process_sets, settings, lanes, _start_metrics(store, topology, settings))
+                           dynamic_process_sets, settings, lanes, _start_metrics(store, topology, settings),
+                           recorder)
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True
@@ -309,6 +314,7 @@ def shutdown() -> None:
         runtime.metrics_publisher.stop()  # type: ignore[attr-defined]
     runtime.engine.shutdown(timeout=collective_timeout(runtime.settings).total_seconds() + 5)
     runtime.lanes.shutdown()
+    runtime.recorder.close()
     for groups in runtime.process_sets.all_groups():
         groups.shutdown()
     DataGroups(runtime.control_group).shutdown()

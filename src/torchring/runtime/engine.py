@@ -27,6 +27,7 @@ from ..metrics.counters import METRICS
 from .completion import Completer, Launched
 from .control import ControlChannel
 from .executor import Executor
+from .flight_recorder import NULL_RECORDER, Recorder
 from .fusion import plan_batches
 from .negotiation import Negotiator, RequestKey, Response
 from .process_set_table import ProcessSetTable
@@ -131,6 +132,8 @@ class Engine:
         self._stall_abort = ""
         #: Rank 0 records a Chrome-trace timeline when one is set (``HOROVOD_TIMELINE``, start_timeline()).
         self.timeline: TimelineWriter | NullTimeline = NullTimeline()
+        #: Notes submitted, started and finished requests for the launcher (``TORCHRING_OPS_FILE``).
+        self.recorder: Recorder = NULL_RECORDER
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"torchring-engine-{rank}", daemon=True)
         #: Finishes the collectives this engine launched, while the engine negotiates the next ones.
@@ -170,6 +173,7 @@ class Engine:
             for key, request in zip(keys, requests, strict=True):
                 self._inflight[key] = request
             self._queue.extend(requests)
+            self.recorder.submitted(requests)
             if self._wants_notify:
                 self._cond.notify()
 
@@ -379,8 +383,9 @@ class Engine:
             self._completer.flush()  # these take effect after everything launched before them
             self._perform_control(response, request)
             return
-        timeline = self.timeline
+        timeline, recorder = self.timeline, self.recorder
         meta = response.template
+        record = recorder.started(op_type.value, response.name)
         timeline.op_start(response.name, op_type.value)
         timeline.activity_start(response.name, _backend_activity(response))
         try:
@@ -389,6 +394,7 @@ class Engine:
             launched = Launched.failed(error)
 
         def on_done(result: object, error: BaseException | None) -> None:
+            recorder.ended(record)
             timeline.activity_end(response.name)
             timeline.op_end(response.name, meta.dtype, meta.shape)
             if request is not None:
@@ -399,6 +405,7 @@ class Engine:
     def _perform_control(self, response: Response, request: Request | None) -> None:
         """Join, barrier and process-set changes: no data moves; they complete at once."""
         op_type = response.op_type
+        self.recorder.ended(self.recorder.started(op_type.value, response.name))
         result: object = None
         if op_type is OpType.JOIN:
             result = response.last_joined
@@ -418,7 +425,8 @@ class Engine:
             return
         with self._cond:
             requests = [self._inflight[response.key] for response in batch]
-        timeline = self.timeline
+        timeline, recorder = self.timeline, self.recorder
+        records = [recorder.started(response.op_type.value, response.name) for response in batch]
         for response in batch:
             timeline.op_start(response.name, response.op_type.value)
         try:
@@ -428,6 +436,7 @@ class Engine:
 
         def on_done(results: list[object] | None, error: BaseException | None) -> None:
             for index, (response, request) in enumerate(zip(batch, requests, strict=True)):
+                recorder.ended(records[index])
                 timeline.op_end(response.name, response.template.dtype, response.template.shape)
                 result = results[index] if results is not None else None
                 self._finish(request, result=result, error=self._data_error(error))
@@ -461,6 +470,7 @@ class Engine:
             if self._inflight.get(request.meta.key) is not request:
                 return
             del self._inflight[request.meta.key]
+            self.recorder.finished(request.meta.key)
         request.handle.complete(result, error)
 
     def _fail_all(self, error: BaseException) -> None:
@@ -469,6 +479,7 @@ class Engine:
             self._inflight.clear()
             self._queue.clear()
         for request in requests:
+            self.recorder.finished(request.meta.key)
             request.handle.complete(error=error)
 
     def _shutdown_error(self, stopping_ranks: list[int]) -> HorovodInternalError:
@@ -483,3 +494,5 @@ class Engine:
         abort = self._stalls.inspect()
         if abort:
             self._stall_abort = abort
+        if self.recorder.wants_missing:  # about once a second, for the launcher's hang report
+            self.recorder.set_missing(self._stalls.missing_ranks(self.recorder.pending_keys()))

@@ -32,6 +32,7 @@ from ..metrics.counters import METRICS
 from .allreduce import Scaling, start_allreduce
 from .completion import Launched
 from .executor import DataGroups
+from .flight_recorder import NULL_RECORDER, OpRecord, Recorder
 from .gradient_buckets import Bucket, pack_bucket, unpack_bucket
 from .timeline import backend_activity
 
@@ -60,20 +61,25 @@ class _InFlight:
     ctx: Any  # what decompressing ``wire`` needs
     reduction: Launched
     name: str
+    #: The flight recorder's note of this allreduce (None when recording is off).
+    record: OpRecord | None = None
 
 
 class GradientLane:
     """Reduces an optimizer's buckets on a process group of its own, in bucket order.
 
     Open one through ``LaneRegistry.open_lane``; ``cpu_time(total, copies)`` receives the CPU seconds
-    each launch and unpack spends.
+    each launch and unpack spends; ``recorder`` notes each allreduce for the launcher.
     """
 
     def __init__(self, buckets: Sequence[Bucket], names: Sequence[str], groups: DataGroups,
                  settings: LaneSettings, timeline: Callable[[], Any],
-                 cpu_time: Callable[[float, float], None]) -> None:
+                 cpu_time: Callable[[float, float], None], recorder: Recorder = NULL_RECORDER) -> None:
         self.buckets = list(buckets)
         self.names = list(names)
+        self._recorder = recorder
+        #: What the flight recorder calls each bucket's allreduce.
+        self._labels = [f"gradient bucket {b.index} ({len(b.params)} tensors)" for b in self.buckets]
         self._groups = groups
         self._settings = settings
         self._timeline = timeline
@@ -127,6 +133,8 @@ class GradientLane:
 
     def abandon(self) -> None:
         """Forget a step that will not be finished (``load_state_dict`` after a failure)."""
+        for in_flight in self._in_flight:
+            self._recorder.forget(in_flight.record)
         self._in_flight.clear()
         self._ready.clear()
         self._next = 0
@@ -222,9 +230,11 @@ class GradientLane:
         if timeline.enabled:
             timeline.op_start(name, "ALLREDUCE")
             timeline.activity_start(name, backend_activity(wire.device.type, "allreduce"))
+        label = self._labels[bucket.index] if bucket is not None else "gradient lane flag"
+        record = self._recorder.started("allreduce", label, pending=True)
         reduction = start_allreduce(wire, self._settings.scaling, self._group(wire.device), self._settings.set_size,
                                     scaled_numel=scaled_numel)
-        self._in_flight.append(_InFlight(bucket, wire, ctx, reduction, name))
+        self._in_flight.append(_InFlight(bucket, wire, ctx, reduction, name, record))
 
     def _wait(self, in_flight: _InFlight, stall_checks: bool) -> None:
         """Wait for ``in_flight``'s allreduce, then finish it (average and postscale on the wire)."""
@@ -233,6 +243,7 @@ class GradientLane:
             self._wait_for(in_flight, stall_checks)
         finally:
             METRICS.phase("backend", time.perf_counter() - started)
+        self._recorder.ended(in_flight.record)
         scaling_started = time.thread_time()
         in_flight.reduction.finish()
         spent = time.thread_time() - scaling_started

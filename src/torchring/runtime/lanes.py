@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .executor import DataGroups
+from .flight_recorder import NULL_RECORDER, Recorder
 from .gradient_buckets import Bucket
 from .gradient_lane import GradientLane, LaneSettings
 
@@ -24,10 +25,13 @@ GroupOpener = Callable[[str, int], DataGroups]
 class LaneRegistry:
     """Every lane opened since ``init()``, in opening order, and the groups they reduce on."""
 
-    def __init__(self, prefix: str, open_groups: GroupOpener, timeline: Callable[[], Any]) -> None:
+    def __init__(self, prefix: str, open_groups: GroupOpener, timeline: Callable[[], Any],
+                 recorder: Recorder = NULL_RECORDER) -> None:
         self._prefix = prefix
         self._open_groups = open_groups
         self._timeline = timeline
+        #: The runtime's flight recorder, which the lanes tell about their allreduces.
+        self._recorder = recorder
         self._lock = threading.Lock()
         self._opened_per_set: dict[int, int] = {}
         self._groups: list[DataGroups] = []
@@ -42,7 +46,7 @@ class LaneRegistry:
             serial = self._opened_per_set.get(process_set, 0)
             self._opened_per_set[process_set] = serial + 1
         groups = self._open_groups(f"{self._prefix}/lane{process_set}.{serial}", process_set)
-        lane = GradientLane(buckets, names, groups, settings, self._timeline, self._add_cpu_seconds)
+        lane = GradientLane(buckets, names, groups, settings, self._timeline, self._add_cpu_seconds, self._recorder)
         with self._lock:
             self._groups.append(groups)
             self._lanes.append(lane)

@@ -166,6 +166,8 @@ VARIABLES: tuple[Variable, ...] = (
     _own(contract.RESET_LIMIT, _reset_limit, None, "resets the elastic job allows (set by torchring run)"),
     _own(contract.ELASTIC_TIMEOUT, _number, 600.0,
          "seconds an elastic worker waits for a place in a new generation (set by torchring run)"),
+    _own(contract.OPS_FILE, _text, None,
+         "the flight recorder writes this rank's last collectives and step times here (set by torchring run)"),
 )
 
 _BY_NAME = {variable.name: variable for variable in VARIABLES}
@@ -211,6 +213,7 @@ class Settings:
     elastic: bool = False
     reset_limit: int | None = None
     elastic_timeout: float = 600.0
+    ops_file: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:

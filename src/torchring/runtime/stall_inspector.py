@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 
 from ..metrics.counters import METRICS
 from .negotiation import Negotiator, PendingEntry, RequestKey
@@ -64,6 +65,12 @@ class StallInspector:
                 "\n".join(self._lines(stalled)),
             )
         return abort
+
+    def missing_ranks(self, keys: Iterable[RequestKey]) -> dict[RequestKey, list[int]]:
+        """For each of ``keys`` still being negotiated: the members that have not submitted it (nor joined).
+        Every rank can answer: the negotiation table is the same on all of them."""
+        pending = self._negotiator.pending
+        return {key: self._negotiator.missing_ranks(key, pending[key]) for key in keys if key in pending}
 
     def _lines(self, entries: list[tuple[RequestKey, PendingEntry]]) -> list[str]:
         lines = []

@@ -966,11 +966,11 @@ def _join_scenarios(rank: int, size: int, process_set, tag: str | None) -> None:
             except hvd.HorovodInternalError:
                 outcomes.append(f"{kind}/{first}: error")
         lasts.append(hvd.join())
+        if process_set.included():  # after each join the members' numbering in the set is in step
+            gathered = hvd.allgather(torch.ones(1), name=tag and f"{tag}.set.{kind}.{first}", process_set=process_set)
+            assert gathered.shape == (process_set.size(),)
     everyone = hvd.allgather(torch.tensor([lasts]), name=tag and f"{tag}.last").reshape(size, -1)
     assert all(torch.equal(row, everyone[0]) for row in everyone), everyone
-    if process_set.included():  # the members' numbering of the set's own operations is in step too
-        gathered = hvd.allgather(torch.ones(1), name=tag and f"{tag}.set", process_set=process_set)
-        assert gathered.shape == (process_set.size(),)
     assert outcomes == expected
 
 

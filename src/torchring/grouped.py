@@ -45,17 +45,17 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = N
 
 def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
-    """Allgather ``tensors`` as one unit."""
-    return synchronize(grouped_allgather_async(tensors, name, process_set))
+    """Allgather ``tensors`` as one unit (differentiable, like ``allgather``)."""
+    return autograd.grouped_allgather(list(tensors), name, process_set)
 
 
 def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = None,
                           compression: type[Compressor] = Compression.none, op: int = ReduceOp.AVERAGE,
                           process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> list[torch.Tensor]:
-    """Reduce-scatter ``tensors`` as one unit."""
+    """Reduce-scatter ``tensors`` as one unit (differentiable, like ``reducescatter``)."""
     compressed = [compression.compress(t) for t in tensors]
-    results = synchronize(grouped_reducescatter_async([c for c, _ in compressed], name, op, process_set,
-                                                      prescale_factor, postscale_factor))
+    results = autograd.grouped_reducescatter([c for c, _ in compressed], resolve_op(op, None), name, prescale_factor,
+                                             postscale_factor, process_set)
     return [compression.decompress(r, ctx) for r, (_, ctx) in zip(results, compressed, strict=True)]
 

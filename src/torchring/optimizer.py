@@ -2,8 +2,9 @@
 
 Each parameter gets a hook that fires when its gradient has been accumulated; the hook submits an
 asynchronous in-place allreduce of that gradient, so communication overlaps the rest of backward.
-A sparse gradient (``nn.Embedding(sparse=True)``) is densified first with ``sparse_as_dense=True``;
-otherwise every rank's indices and values are allgathered and summed into a sparse tensor.
+A sparse gradient (``nn.Embedding(sparse=True)``) is densified first with ``sparse_as_dense=True``
+and made sparse again once reduced (optimizers such as ``SparseAdam`` need it sparse); otherwise
+every rank's indices and values are allgathered and summed into a sparse tensor.
 ``step()`` waits for the outstanding reductions (submitting zeros for parameters that got no gradient
 on this rank, so no rank waits forever) and then runs the wrapped optimizer's step.
 """
@@ -121,6 +122,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._params = [p for p in params if p.requires_grad]
         self._handles: dict[torch.Tensor, tuple[int | _SparseReduction | None, Any]] = {}
         self._sparse_dims: dict[torch.Tensor, int] = {}
+        #: With sparse_as_dense: the sparse dimensions of the gradients seen sparse (made sparse again after
+        #: their dense reduction, on either reduction path).
+        self._densified_dims: dict[torch.Tensor, int] = {}
         self._allreduce_delay = {p: backward_passes_per_step for p in self._params}
         self._groups = _split_groups(groups, self._params)
         self._group_of = {p: index for index, group in enumerate(self._groups) for p in group}
@@ -185,7 +189,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if param.grad is None:
                 param.grad = self._zero_gradient(param)
             elif param.grad.is_sparse and self.sparse_as_dense:
-                param.grad = param.grad.to_dense()
+                self._densify(param)
         if self._lane is not None and any(param.grad.is_sparse for param in bucket.params):
             raise ValueError(f"parameter '{self._parameter_names[bucket.params[0]]}' got a sparse gradient after "
                              "its first steps were dense; use sparse_as_dense=True for gradients that change kind.")
@@ -226,13 +230,25 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if param.grad.is_sparse:
             if not self.sparse_as_dense:
                 return self._sparse_allgather(param), None
-            param.grad = param.grad.to_dense()
+            self._densify(param)
         compressed, ctx = self._compression.compress(param.grad)
         scaling = self._spec.scaling
         handle = allreduce_async_(compressed, name=self._parameter_names[param], op=scaling.op,
                                   prescale_factor=scaling.prescale, postscale_factor=scaling.postscale,
                                   process_set=self._process_set)
         return handle, ctx
+
+    def _densify(self, param: torch.Tensor) -> None:
+        """``sparse_as_dense``: replace ``param``'s sparse gradient by its dense form for the reduction."""
+        self._densified_dims[param] = param.grad.sparse_dim()
+        param.grad = param.grad.to_dense()
+
+    def _restore_sparse_gradients(self) -> None:
+        """``sparse_as_dense``: make the reduced gradients of parameters seen sparse sparse again (as Horovod
+        does), so that an optimizer that requires sparse gradients (``SparseAdam``) can step."""
+        for param, sparse_dim in self._densified_dims.items():
+            if param.grad is not None and not param.grad.is_sparse:
+                param.grad = param.grad.to_sparse(sparse_dim).coalesce()
 
     def _zero_gradient(self, param: torch.Tensor) -> torch.Tensor:
         """Zeros for a gradient this rank did not compute, sparse if the gradient was sparse before.
@@ -302,6 +318,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 if output is not param.grad:
                     param.grad.copy_(output)
         self._handles.clear()
+        self._restore_sparse_gradients()
         self._synchronized = True
         self._record_step(time.perf_counter() - waited_from)
         if reducer is self._engine_reducer:
@@ -434,7 +451,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     the listed parameters together; ``gradient_predivide_factor`` splits the averaging before and after
     the sum.
 
-    Sparse gradients are densified and allreduced with ``sparse_as_dense=True``. Otherwise each one is
+    Sparse gradients are densified and allreduced with ``sparse_as_dense=True``, then made sparse again
+    (the rows where the reduced gradient is not zero) before the wrapped optimizer steps. Otherwise each one is
     reduced by allgathering its indices and values (``<name>.indices``, ``<name>.values``) and the
     result replaces ``p.grad`` as a coalesced sparse tensor: the sum for ``op=Sum``, divided by
     ``size()`` for ``op=Average``; other ops raise ``ValueError``. A parameter's gradient must be

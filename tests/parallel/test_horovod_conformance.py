@@ -831,14 +831,57 @@ def test_reducescatter_errors(rank, size):
     assert_allreduce_still_works(size, "reducescatter.errors.after")
 
 
+def _reducescatter_grad_output(rank: int, shape: list[int], dtype: torch.dtype) -> torch.Tensor:
+    """A gradient that differs per rank and per element, so that misplaced rows show."""
+    return (seeded(shape, seed=7, dtype=dtype) + 1000 * rank).to(dtype)
+
+
 @pytest.mark.parametrize("dtype", GRAD_TYPES, ids=str)
 def test_reducescatter_grad(rank, size, dtype):
-    for dim, op in itertools.product(DIMS, (hvd.Sum, hvd.Average)):
+    # Horovod: the incoming gradient times size (Sum) or 1 (Average), times both scale factors, allgathered
+    cases = itertools.product(DIMS, (hvd.Sum, hvd.Average), ((1.0, 1.0), (SCALE_FACTOR, 3.0)))
+    for dim, op, (prescale, postscale) in cases:
         tensor = seeded([size * 4] + [17] * (dim - 1), dtype=dtype).requires_grad_()
-        result = hvd.reducescatter(tensor, op=op)
-        result.backward(torch.ones(result.shape, dtype=dtype))
-        expected = torch.ones(tensor.shape, dtype=dtype) / (size if op == hvd.Average else 1)
-        assert torch.allclose(tensor.grad, expected)
+        result = hvd.reducescatter(tensor, op=op, prescale_factor=prescale, postscale_factor=postscale)
+        grad_output = _reducescatter_grad_output(rank, list(result.shape), dtype)
+        result.backward(grad_output)
+        factor = (size if op == hvd.Sum else 1) * prescale * postscale
+        expected = torch.cat([_reducescatter_grad_output(r, list(result.shape), dtype) for r in range(size)]) * factor
+        assert torch.allclose(tensor.grad, expected), (op, prescale, postscale)
+
+
+@pytest.mark.parametrize("dtype", GRAD_TYPES, ids=str)
+def test_grouped_allgather_grad_matches_allgather_for_every_tensor(rank, size, dtype):
+    for dim in DIMS:
+        shapes = [[rank + 1 + i] + [5] * (dim - 1) for i in range(3)]
+        grouped = [seeded(shape, seed=i, dtype=dtype).requires_grad_() for i, shape in enumerate(shapes)]
+        single = [t.detach().clone().requires_grad_() for t in grouped]
+        results = hvd.grouped_allgather(grouped, name=f"grad.grouped_allgather.{dtype}.{dim}")
+        for i, result in enumerate(results):
+            grad_output = seeded(list(result.shape), seed=100 + i, dtype=dtype) * (rank + 1)
+            result.backward(grad_output)
+            hvd.allgather(single[i], name=f"grad.allgather.single.{dtype}.{dim}.{i}").backward(grad_output)
+        for grouped_tensor, single_tensor in zip(grouped, single, strict=True):
+            assert grouped_tensor.grad is not None
+            assert torch.allclose(grouped_tensor.grad, single_tensor.grad)
+
+
+@pytest.mark.parametrize("dtype", GRAD_TYPES, ids=str)
+def test_grouped_reducescatter_grad_matches_reducescatter_for_every_tensor(rank, size, dtype):
+    cases = itertools.product(DIMS, (hvd.Sum, hvd.Average), ((1.0, 1.0), (SCALE_FACTOR, 3.0)))
+    for dim, op, (prescale, postscale) in cases:
+        grouped = [seeded([size * (2 + i)] + [5] * (dim - 1), seed=i, dtype=dtype).requires_grad_()
+                   for i in range(3)]
+        single = [t.detach().clone().requires_grad_() for t in grouped]
+        results = hvd.grouped_reducescatter(grouped, op=op, prescale_factor=prescale, postscale_factor=postscale)
+        for i, result in enumerate(results):
+            grad_output = _reducescatter_grad_output(rank, list(result.shape), dtype)
+            result.backward(grad_output)
+            hvd.reducescatter(single[i], op=op, prescale_factor=prescale,
+                              postscale_factor=postscale).backward(grad_output)
+        for grouped_tensor, single_tensor in zip(grouped, single, strict=True):
+            assert grouped_tensor.grad is not None
+            assert torch.allclose(grouped_tensor.grad, single_tensor.grad)
 
 
 # ---- join ----------------------------------------------------------------------------------------
@@ -880,21 +923,70 @@ def test_join_returns_the_same_rank_everywhere(rank, size):
     assert everyone.tolist() == [last] * size
 
 
-@pytest.mark.parametrize("kind", ["allgather", "broadcast", "alltoall", "reducescatter"])
-def test_join_with_other_collectives_raises_on_the_ranks_still_running(rank, size, kind):
-    if rank == 0:
-        hvd.join()
-        return
-    with pytest.raises(RuntimeError):
-        if kind == "allgather":
-            hvd.allgather(torch.ones(17, 3), name="join.allgather")
-        elif kind == "broadcast":
-            hvd.broadcast(torch.ones(17, 3), 1, name="join.broadcast")
-        elif kind == "alltoall":
-            hvd.alltoall(torch.ones(size, 3), name="join.alltoall")
-        else:
-            hvd.reducescatter(torch.ones(size, 3), name="join.reducescatter")
-    hvd.join(hvd.local_rank())
+#: Collectives a joined member refuses (every other member gets HorovodInternalError), and the ones it
+#: takes part in with zeros.
+JOIN_REFUSED = ["allgather", "broadcast", "alltoall", "reducescatter", "grouped_allgather", "grouped_reducescatter"]
+JOIN_ACCEPTED = ["allreduce", "grouped_allreduce"]
+
+
+def _collective_beside_join(kind: str, process_set, name: str) -> None:
+    """Run collective ``kind`` on ``process_set`` (sized for it), discarding the result."""
+    n = process_set.size()
+    if kind == "allgather":
+        hvd.allgather(torch.ones(17, 3), name=name, process_set=process_set)
+    elif kind == "broadcast":
+        hvd.broadcast(torch.ones(17, 3), process_set.ranks[-1], name=name, process_set=process_set)
+    elif kind == "alltoall":
+        hvd.alltoall(torch.ones(n, 3), name=name, process_set=process_set)
+    elif kind == "reducescatter":
+        hvd.reducescatter(torch.ones(n, 3), name=name, process_set=process_set)
+    elif kind == "grouped_allgather":
+        hvd.grouped_allgather([torch.ones(2, 3), torch.ones(1)], name=name, process_set=process_set)
+    elif kind == "grouped_reducescatter":
+        hvd.grouped_reducescatter([torch.ones(n, 3), torch.ones(n)], name=name, process_set=process_set)
+    elif kind == "allreduce":
+        hvd.allreduce(torch.ones(2, 3), name=name, process_set=process_set)
+    else:
+        hvd.grouped_allreduce([torch.ones(2, 3), torch.ones(1)], name=name, process_set=process_set)
+
+
+def _join_scenarios(rank: int, size: int, process_set, tag: str | None) -> None:
+    """For each rank joining first and each collective: the members still running run it, get an error
+    exactly when a joined rank is a member and the collective refuses joined ranks, then join; every
+    rank must get the same return value from join(). Without ``tag`` the collectives are unnamed: the
+    joined ranks' automatic names must stay in step (the final allgather is unnamed too)."""
+    outcomes, expected, lasts = [], [], []
+    for first, kind in itertools.product(range(size), JOIN_REFUSED + JOIN_ACCEPTED):
+        if rank != first and process_set.included():
+            refused = kind in JOIN_REFUSED and first in process_set.ranks
+            expected.append(f"{kind}/{first}: {'error' if refused else 'ran'}")
+            try:
+                _collective_beside_join(kind, process_set, tag and f"{tag}.{kind}.{first}")
+                outcomes.append(f"{kind}/{first}: ran")
+            except hvd.HorovodInternalError:
+                outcomes.append(f"{kind}/{first}: error")
+        lasts.append(hvd.join())
+        if process_set.included():  # after each join the members' numbering in the set is in step
+            gathered = hvd.allgather(torch.ones(1), name=tag and f"{tag}.set.{kind}.{first}", process_set=process_set)
+            assert gathered.shape == (process_set.size(),)
+    everyone = hvd.allgather(torch.tensor([lasts]), name=tag and f"{tag}.last").reshape(size, -1)
+    assert all(torch.equal(row, everyone[0]) for row in everyone), everyone
+    assert outcomes == expected
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("tag", ["join.others", None], ids=["named", "unnamed"])
+def test_join_with_other_collectives_raises_on_the_ranks_still_running(rank, size, tag):
+    _join_scenarios(rank, size, hvd.global_process_set, tag)
+    assert_allreduce_still_works(size, "join.others.after")
+
+
+@pytest.mark.timeout(60)
+def test_join_with_unnamed_collectives_on_a_process_set(rank, size):
+    subset = hvd.ProcessSet(list(range(size - 1)))  # the last rank is outside it
+    with reinitialized(process_sets=[subset]):
+        _join_scenarios(rank, size, subset, None)
+        assert_allreduce_still_works(size, "join.set.after")
 
 
 # ---- barrier, poll and synchronize ---------------------------------------------------------------

@@ -201,3 +201,38 @@ def test_broadcast_object_and_allgather_object(rank, size):
     assert torch.equal(received["tensor"], torch.zeros(2))
     everyone = hvd.allgather_object(("rank", rank, "x" * rank))
     assert everyone == [("rank", r, "x" * r) for r in range(size)]
+
+
+def _embedding_indices(rank: int, step: int) -> torch.Tensor:
+    """Rows looked up by ``rank`` at ``step``: some shared with other ranks, some its own."""
+    return torch.tensor([(3 * rank + step) % 12, (rank + 2 * step) % 12, 5])
+
+
+def _embedding_gradient(weight: torch.Tensor, rank: int, step: int) -> torch.Tensor:
+    """The dense gradient of ``rank``'s loss at ``step`` for an embedding with ``weight``."""
+    reference = nn.Embedding.from_pretrained(weight.detach().clone(), freeze=False)
+    (reference(_embedding_indices(rank, step)) ** 2).sum().backward()
+    return reference.weight.grad
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["buckets", "groups"])
+def test_sparse_as_dense_gives_sparse_gradients_to_sparse_adam(rank, size, grouped):
+    torch.manual_seed(21)
+    embedding = nn.Embedding(12, 4, sparse=True)
+    reference = nn.Embedding.from_pretrained(embedding.weight.detach().clone(), freeze=False, sparse=True)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SparseAdam(embedding.parameters(), lr=0.1),
+                                         named_parameters=embedding.named_parameters(), sparse_as_dense=True,
+                                         groups=[[embedding.weight]] if grouped else None)
+    expected_optimizer = torch.optim.SparseAdam(reference.parameters(), lr=0.1)
+    for step in range(4):  # the first step on the engine, the later ones on the gradient lane (buckets)
+        optimizer.zero_grad()
+        (embedding(_embedding_indices(rank, step)) ** 2).sum().backward()
+        optimizer.step()
+        assert embedding.weight.grad.is_sparse
+        # a single process stepping on the gradient averaged over ranks, made sparse like Horovod's
+        averaged = sum(_embedding_gradient(reference.weight, r, step) for r in range(size)) / size
+        reference.weight.grad = averaged.to_sparse(1)
+        expected_optimizer.step()
+        assert torch.allclose(embedding.weight, reference.weight, atol=1e-6), step
+    assert (optimizer._lane is not None) is (not grouped)
+    assert_identical_on_all_ranks(embedding)

@@ -8,7 +8,10 @@ backward passes (so a gradient of a gradient works too).
 * allgather: the gradient is averaged over ranks and this rank's rows are returned;
 * broadcast: the gradient is averaged over ranks and kept on the root only (zeros elsewhere);
 * alltoall: the gradient travels back with the received splits;
-* reducescatter: the gradients of all ranks are gathered (divided by the size for Average).
+* reducescatter: the gradient is multiplied by the set's size for Sum (unchanged for Average) and by
+  the pre- and postscale factors, then gathered from all ranks.
+
+The grouped forms have the same gradients for every tensor of the group, computed as one group.
 """
 
 from __future__ import annotations
@@ -39,20 +42,40 @@ class AllreduceFunction(torch.autograd.Function):
         return grad, None, None, None, None, None
 
 
+def _rows(tensor: torch.Tensor) -> int:
+    """The rows ``tensor`` adds to an allgather (a scalar travels as one row)."""
+    return tensor.shape[0] if tensor.dim() else 1
+
+
+def _own_rows(averaged: list[torch.Tensor], rows: list[int], shapes: list[torch.Size],
+              process_set: ProcessSet) -> list[torch.Tensor]:
+    """This rank's rows of each averaged allgather gradient, shaped like the inputs: one allgather of
+    every rank's row counts finds where they start."""
+    counts = torch.tensor(rows, dtype=torch.int64).reshape(1, -1)
+    everyone = allgather(counts, None, process_set)
+    offsets = everyone[: process_set.rank()].sum(dim=0).tolist()
+    return [grad.narrow(0, int(offset), count).reshape(shape)
+            for grad, offset, count, shape in zip(averaged, offsets, rows, shapes, strict=True)]
+
+
+def _reducescatter_grad_factor(op: ReduceOp, process_set: ProcessSet, prescale_factor: float,
+                               postscale_factor: float) -> float:
+    """What Horovod multiplies a reducescatter's incoming gradient by before gathering it."""
+    size = process_set.size() if op is ReduceOp.SUM else 1
+    return size * prescale_factor * postscale_factor
+
+
 class AllgatherFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, name: str | None, process_set: ProcessSet) -> torch.Tensor:
-        ctx.rows = tensor.shape[0] if tensor.dim() else 1
-        ctx.input_shape = tensor.shape
-        ctx.process_set = process_set
+        ctx.rows, ctx.input_shape, ctx.process_set = _rows(tensor), tensor.shape, process_set
         return synchronize(ops.allgather_async(tensor, name, process_set))
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         averaged = allreduce(grad_output, ReduceOp.AVERAGE, None, 1.0, 1.0, ctx.process_set)
-        rows = allgather(torch.tensor([ctx.rows], dtype=torch.int64), None, ctx.process_set)
-        offset = int(rows[: ctx.process_set.rank()].sum().item())
-        return averaged.narrow(0, offset, ctx.rows).reshape(ctx.input_shape), None, None
+        grad, = _own_rows([averaged], [ctx.rows], [ctx.input_shape], ctx.process_set)
+        return grad, None, None
 
 
 class BroadcastFunction(torch.autograd.Function):
@@ -90,18 +113,14 @@ class ReducescatterFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, name: str | None, op: ReduceOp, process_set: ProcessSet,
                 prescale_factor: float, postscale_factor: float) -> torch.Tensor:
-        ctx.op, ctx.process_set = op, process_set
-        ctx.scale = prescale_factor * postscale_factor
+        ctx.process_set = process_set
+        ctx.factor = _reducescatter_grad_factor(op, process_set, prescale_factor, postscale_factor)
         return synchronize(ops.reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor))
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        gathered = allgather(grad_output.contiguous(), None, ctx.process_set)
-        if ctx.op is ReduceOp.AVERAGE:
-            gathered = gathered / ctx.process_set.size()
-        if ctx.scale != 1.0:
-            gathered = gathered * ctx.scale
-        return gathered, None, None, None, None, None
+        grad = allgather((grad_output * ctx.factor).contiguous(), None, ctx.process_set)
+        return grad, None, None, None, None, None
 
 
 class GroupedAllreduceFunction(torch.autograd.Function):
@@ -118,6 +137,38 @@ class GroupedAllreduceFunction(torch.autograd.Function):
     def backward(ctx: Any, *grad_outputs: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         grads = grouped_allreduce([g.contiguous() for g in grad_outputs], ctx.op, None, ctx.prescale_factor,
                                   ctx.postscale_factor, ctx.process_set)
+        return (None, None, None, None, None, *grads)
+
+
+class GroupedAllgatherFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, name: str | None, process_set: ProcessSet,
+                *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.rows = [_rows(t) for t in tensors]
+        ctx.shapes = [t.shape for t in tensors]
+        ctx.process_set = process_set
+        return tuple(synchronize(ops.grouped_allgather_async(list(tensors), name, process_set)))
+
+    @staticmethod
+    def backward(ctx: Any, *grad_outputs: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        averaged = grouped_allreduce([g.contiguous() for g in grad_outputs], ReduceOp.AVERAGE, None, 1.0, 1.0,
+                                     ctx.process_set)
+        return (None, None, *_own_rows(averaged, ctx.rows, ctx.shapes, ctx.process_set))
+
+
+class GroupedReducescatterFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, op: ReduceOp, name: str | None, prescale_factor: float, postscale_factor: float,
+                process_set: ProcessSet, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.process_set = process_set
+        ctx.factor = _reducescatter_grad_factor(op, process_set, prescale_factor, postscale_factor)
+        handle = ops.grouped_reducescatter_async(list(tensors), name, op, process_set, prescale_factor,
+                                                 postscale_factor)
+        return tuple(synchronize(handle))
+
+    @staticmethod
+    def backward(ctx: Any, *grad_outputs: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        grads = grouped_allgather([(g * ctx.factor).contiguous() for g in grad_outputs], None, ctx.process_set)
         return (None, None, None, None, None, *grads)
 
 
@@ -172,3 +223,21 @@ def grouped_allreduce(tensors: list[torch.Tensor], op: ReduceOp, name: str | Non
                                                    *tensors))
     return synchronize(ops.grouped_allreduce_async(tensors, None, name, op, prescale_factor, postscale_factor,
                                                    process_set))
+
+
+def grouped_allgather(tensors: list[torch.Tensor], name: str | None,
+                      process_set: ProcessSet) -> list[torch.Tensor]:
+    """Each of ``tensors`` allgathered, as one unit, recorded for autograd when any of them needs it."""
+    if any(needs_autograd(t) for t in tensors):
+        return list(GroupedAllgatherFunction.apply(name, process_set, *tensors))
+    return synchronize(ops.grouped_allgather_async(tensors, name, process_set))
+
+
+def grouped_reducescatter(tensors: list[torch.Tensor], op: ReduceOp, name: str | None, prescale_factor: float,
+                          postscale_factor: float, process_set: ProcessSet) -> list[torch.Tensor]:
+    """This rank's part of each reduced tensor, as one unit, recorded for autograd when any needs it."""
+    if any(needs_autograd(t) for t in tensors):
+        return list(GroupedReducescatterFunction.apply(op, name, prescale_factor, postscale_factor, process_set,
+                                                       *tensors))
+    return synchronize(ops.grouped_reducescatter_async(tensors, name, op, process_set, prescale_factor,
+                                                       postscale_factor))

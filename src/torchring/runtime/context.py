@@ -261,8 +261,11 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
         if info.size > 1:
             assert rendezvous.host is not None and rendezvous.port is not None
             waker = StoreWaker(rendezvous.host, rendezvous.port, f"{prefix}/wake/", rendezvous_timeout)
+        from .handles import skip_auto_name  # handles reaches the runtime through this module
+
         engine = Engine(info.rank, info.size, control, Executor(table, info.rank), table, waker,
-                        _engine_settings(control, settings), _peer_failure_reporter(environment, store, info.rank))
+                        _engine_settings(control, settings), _peer_failure_reporter(environment, store, info.rank),
+                        skip_auto_name)
         timeline = _initial_timeline(info.rank, settings)
         if timeline is not None:
             engine.timeline = timeline

@@ -102,6 +102,7 @@ class Engine:
         waker: Waker,
         settings: EngineSettings,
         report_peer_failure: Callable[[str], None] | None = None,
+        skip_name: Callable[[str, int], None] | None = None,
     ) -> None:
         self.rank = rank
         self.size = size
@@ -111,6 +112,9 @@ class Engine:
         self._waker = waker
         self._settings = settings
         self._report_peer_failure = report_peer_failure
+        #: Told (name, process set) of each response this rank is a member of but has no request for (it had
+        #: joined), so that its automatic names stay in step with the ranks that submitted it.
+        self._skip_name = skip_name
         self._negotiator = Negotiator(size, process_sets.members)
         self.response_cache = ResponseCache(settings.cache_capacity, rank)
         self._cycle_started = 0.0
@@ -373,6 +377,8 @@ class Engine:
             return
         with self._cond:
             request = self._inflight.get(response.key)
+        if request is None and self._skip_name is not None:
+            self._skip_name(response.name, response.process_set)
         if response.error is not None:
             if request is not None:
                 kinds = {"invalid": ValueError, "joined": HorovodInternalError}

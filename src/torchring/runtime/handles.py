@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
@@ -45,7 +46,8 @@ class _HandleTable:
         self._lock = threading.Lock()
         self._counter = itertools.count()
         self._entries: dict[int, tuple[Completion, Callable[[Any], Any]]] = {}
-        self._names: dict[str, itertools.count] = {}
+        #: The next automatic name's number, per "<kind>@<process set>".
+        self._names: dict[str, int] = {}
         self._seq = itertools.count()
 
     def add(self, completion: Completion, finish: Callable[[Any], Any]) -> int:
@@ -64,8 +66,15 @@ class _HandleTable:
 
     def auto_name(self, kind: str, process_set: int = 0) -> str:
         with self._lock:
-            counter = self._names.setdefault(f"{kind}@{process_set}", itertools.count())
-            return f"{kind}.noname.{next(counter)}"
+            key = f"{kind}@{process_set}"
+            number = self._names.get(key, 0)
+            self._names[key] = number + 1
+            return f"{kind}.noname.{number}"
+
+    def skip_auto_name(self, kind: str, number: int, process_set: int) -> None:
+        with self._lock:
+            key = f"{kind}@{process_set}"
+            self._names[key] = max(self._names.get(key, 0), number + 1)
 
     def next_seq(self) -> int:
         return next(self._seq)
@@ -82,6 +91,20 @@ def auto_name(kind: str, process_set: int = 0) -> str:
     """``<kind>.noname.<n>``, numbered per process set: the same sequence on every member that submits
     the same unnamed operations in that set."""
     return _table.auto_name(kind, process_set)
+
+
+#: ``<kind>.noname.<n>``, or a member ``<kind>.noname.<n>_<i>of<count>`` of a group.
+_AUTO_NAME = re.compile(r"(?P<kind>.+)\.noname\.(?P<number>\d+)(?:_\d+of\d+)?")
+
+
+def skip_auto_name(name: str, process_set: int) -> None:
+    """Another rank's automatic ``name`` ran without a request of this rank (it had joined): move this
+    rank's numbering past it, so that its next unnamed operation of that kind has the others' name."""
+    match = _AUTO_NAME.fullmatch(name)
+    if match is None:
+        return
+    kind = match["kind"]
+    _table.skip_auto_name(kind, int(match["number"]), process_set)
 
 
 def reset_auto_names() -> None:

@@ -69,7 +69,7 @@ class RendezvousServer:
         self.port = self.store.port
         self.credentials = JobCredentials.new()
         #: The store's signed view: what the launcher writes for the ranks and reads from them.
-        self.auth = AuthenticatedStore(self.store, self.credentials)
+        self.auth: AuthenticatedStore | None = AuthenticatedStore(self.store, self.credentials)
 
     def close(self) -> None:
         """Stop serving (the store's server ends with its last reference)."""

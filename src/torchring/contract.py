@@ -31,6 +31,12 @@ STORE_PORT = "TORCHRING_STORE_PORT"
 #: ``0`` when the launcher does not serve the store, so rank 0 does (default: the launcher serves it).
 STORE_SERVED = "TORCHRING_STORE_SERVED"
 
+#: The job's id and secret: every value torchring puts in the store for another process is signed with
+#: them (``store_auth``). The launcher makes them per job; a rank takes the secret out of its
+#: environment at its first use, so what the rank starts does not inherit it.
+JOB_ID = "TORCHRING_JOB_ID"
+JOB_SECRET = "TORCHRING_JOB_SECRET"
+
 #: ``1`` for the workers of an elastic ``torchring run``, which learn their rank from the store.
 ELASTIC = "TORCHRING_ELASTIC"
 #: The elastic worker's name in the launcher's assignments (``elastic_assignment_key``).

@@ -57,6 +57,7 @@ def test_hosts_version_parsing():
     assert parse_hosts_version("3 removed") == HostsVersion(3, True)
     assert parse_hosts_version("4 added") == HostsVersion(4, False)
     assert parse_hosts_version("") == HostsVersion()
+    assert parse_hosts_version("garbage") is None
 
 
 def test_a_writer_killed_midway_leaves_the_previous_checkpoint(tmp_path):

@@ -13,6 +13,7 @@ from torchring.launch.containers import ContainerOptions
 from torchring.launch.spawner import ProcessName, Spawner, SpawnSettings
 from torchring.launch.ssh import SshOptions
 from torchring.launch.worker_env import EnvironmentPlan
+from torchring.store_auth import JobCredentials
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "integration" / "scripts"
 SHOW_ENV = ("import json, os; print(json.dumps({k: os.environ.get(k) for k in ['MASTER_ADDR', 'MASTER_PORT', "
@@ -32,7 +33,8 @@ def finish(spawned):
 def spawner(tmp_path, command, **settings):
     plan = EnvironmentPlan({**os.environ, "TUNED": "1"}, extra={"FROM_ENV": "a b $c"})
     return Spawner(SpawnSettings(command, plan, ssh=SshOptions(python=sys.executable),
-                                 output_dir=str(tmp_path / "out"), **settings), store_port=12345, job_id="job")
+                                 output_dir=str(tmp_path / "out"), **settings), store_port=12345,
+                   credentials=JobCredentials("job", b"s" * 32))
 
 
 def test_a_local_worker_gets_its_variables_the_store_and_its_own_output_files(tmp_path, capfd):

@@ -4,7 +4,8 @@ fixed at start but handed out by the launcher, through the store, for each gener
 At every ``hvd.init()`` (the first, and each one after an elastic reset) the worker waits for a
 generation newer than the last one it joined that assigns it a place, announces itself, and waits
 until every rank of that generation has arrived. If the launcher publishes a newer generation
-meanwhile (another worker failed or a host came), it moves on to that one.
+meanwhile (another worker failed or a host came), it moves on to that one. Generations, assignments
+and arrivals are signed values (``store_auth``): a forged or malformed one is ignored.
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import torch.distributed as dist
-
 from ..contract import ELASTIC, ELASTIC_GENERATION_KEY, WORKER_ID, elastic_arrived_key, elastic_assignment_key
 from ..runtime import settings
+from ..store_auth import AuthenticatedStore
 from .base import ClusterEnvironment, LaunchEnvironmentError, RankInfo, Rendezvous
 
 _POLL_S = 0.05
+#: The longest generation, assignment or arrival value read from the store.
+_MAX_BYTES = 1024
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ def format_assignment(info: RankInfo) -> str:
 
 
 def parse_assignment(text: str) -> RankInfo:
+    """A worker's place as :func:`format_assignment` wrote it; ``ValueError`` for anything else."""
     rank, size, local_rank, local_size, cross_rank, cross_size, hostname = text.split(" ", 6)
     return RankInfo(int(rank), int(size), int(local_rank), int(local_size), int(cross_rank), int(cross_size),
                     hostname)
@@ -67,14 +70,15 @@ class ElasticLauncherEnvironment(ClusterEnvironment):
     def timeout_s(self) -> float:
         return settings.read("ELASTIC_TIMEOUT", self.env)
 
-    def join(self, store: dist.Store) -> Assignment:
+    def join(self, store: AuthenticatedStore) -> Assignment:
         """Wait for this worker's place in a new generation and for every rank of it to arrive."""
         deadline = time.monotonic() + self.timeout_s()
         while True:
             generation = _current_generation(store)
-            key = elastic_assignment_key(generation, self.worker_id)
-            if generation > ElasticLauncherEnvironment.joined_generation and store.check([key]):
-                info = parse_assignment(store.get(key).decode())
+            info = None
+            if generation > ElasticLauncherEnvironment.joined_generation:
+                info = _assignment(store, elastic_assignment_key(generation, self.worker_id))
+            if info is not None:
                 store.set(elastic_arrived_key(generation, info.rank), "1")
                 if _wait_for_generation(store, generation, info.size, deadline):
                     ElasticLauncherEnvironment.joined_generation = generation
@@ -87,17 +91,30 @@ class ElasticLauncherEnvironment(ClusterEnvironment):
             time.sleep(_POLL_S)
 
 
-def _current_generation(store: dist.Store) -> int:
-    if not store.check([ELASTIC_GENERATION_KEY]):
-        return -1
-    return int(store.get(ELASTIC_GENERATION_KEY).decode())
+def _assignment(store: AuthenticatedStore, key: str) -> RankInfo | None:
+    value = store.get(key, max_bytes=_MAX_BYTES)
+    try:
+        return None if value is None else parse_assignment(value.decode())
+    except (ValueError, UnicodeDecodeError):
+        store.reject(key, "it is not a worker's place")
+        return None
 
 
-def _wait_for_generation(store: dist.Store, generation: int, size: int, deadline: float) -> bool:
+def _current_generation(store: AuthenticatedStore) -> int:
+    value = store.get(ELASTIC_GENERATION_KEY, max_bytes=_MAX_BYTES)
+    return int(value) if value is not None and value.strip().isdigit() else -1
+
+
+def _all_arrived(store: AuthenticatedStore, keys: list[str]) -> bool:
+    """Every key is set, by a worker of the job (a forged arrival does not count)."""
+    return store.check(keys) and all(store.get(key, max_bytes=_MAX_BYTES) is not None for key in keys)
+
+
+def _wait_for_generation(store: AuthenticatedStore, generation: int, size: int, deadline: float) -> bool:
     """True once every rank of ``generation`` has arrived; False when a newer generation replaced it."""
     keys = [elastic_arrived_key(generation, rank) for rank in range(size)]
     while True:
-        if store.check(keys):
+        if _all_arrived(store, keys):
             return True
         if _current_generation(store) > generation:
             return False

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 #: What Docker accepts as a container name.
@@ -109,7 +109,8 @@ def container_name(job_id: str, rank: int, role: str = "rank") -> str:
 
 
 def docker_run_argv(options: ContainerOptions, command: Sequence[str], env: Mapping[str, str], workdir: str,
-                    name: str, *, sig_proxy: bool = True, docker: str = "docker") -> list[str]:
+                    name: str, *, sig_proxy: bool = True, docker: str = "docker",
+                    from_client: Collection[str] = ()) -> list[str]:
     """The argv that runs ``command`` as one rank in a container::
 
         docker run --rm --init --name NAME [--sig-proxy=false] [--gpus all] (--ipc=host | --shm-size SIZE)
@@ -119,7 +120,9 @@ def docker_run_argv(options: ContainerOptions, command: Sequence[str], env: Mapp
     ``--rm`` removes the container once it ends; ``--init`` runs an init process as PID 1 that passes
     signals on to the rank and reaps its children; ``memlock=-1`` lets NCCL (and RDMA) pin memory; the
     stack limit is NVIDIA's recommended one. ``env`` is the rank's whole environment inside the container
-    (the image's own variables, such as ``PATH``, apply where ``env`` does not set them). The launcher
+    (the image's own variables, such as ``PATH``, apply where ``env`` does not set them); the variables
+    named in ``from_client`` are passed as ``-e NAME`` alone, so docker takes their values from its own
+    environment and they never appear on a command line (the job's secret). The launcher
     must run :func:`stop_argv` on teardown: killing this client does not stop the container (see the
     module's docstring). ``docker`` may name another client with the same options (a path, ``podman``).
     """
@@ -141,7 +144,7 @@ def docker_run_argv(options: ContainerOptions, command: Sequence[str], env: Mapp
             raise ValueError(f"not an environment variable name: {key!r}")
         if not isinstance(value, str) or "\0" in value:
             raise ValueError(f"environment value of {key} must be a string without NUL, got {value!r}")
-        argv += ["-e", f"{key}={value}"]
+        argv += ["-e", key if key in from_client else f"{key}={value}"]
     for volume in options.volumes:
         argv += ["-v", volume]
     argv += ["-w", workdir, *options.extra_args, options.image, *command]

@@ -326,8 +326,9 @@ class ElasticDriver:
         members = [(by_id[worker_id], rank) for worker_id, rank in self._members.items()]
         if all(worker.alive for worker, _ in members):
             return
-        store = self.server.store
-        arrived = [worker for worker, rank in members if store.check([elastic_arrived_key(self.generation, rank)])]
+        store = self.server.auth
+        arrived = [worker for worker, rank in members
+                   if store.get(elastic_arrived_key(self.generation, rank), max_bytes=16) is not None]
         if len(arrived) == len(members):
             return  # it did start: its workers are finishing their training
         stranded = [worker for worker in arrived if worker.alive]
@@ -346,7 +347,7 @@ class ElasticDriver:
         live = self.live
         self.generation += 1
         assignments = assign_generation(live, self._host_order)
-        store = self.server.store
+        store = self.server.auth
         for worker_id, info in assignments.items():
             store.set(elastic_assignment_key(self.generation, worker_id), format_assignment(info))
         if self.ranks_to_show is not None:

@@ -3,7 +3,9 @@
 The function and its arguments are pickled with cloudpickle (so functions defined in ``__main__``,
 lambdas and closures work) and handed to the ranks through the job's rendezvous store; each rank runs
 ``python -m torchring.launch.run_function``, calls the function and puts its pickled result back in
-the store, where the launcher collects them in rank order.
+the store, where the launcher collects them in rank order. Both are signed with the job's secret
+(``store_auth``): only bytes the job itself wrote reach ``cloudpickle.loads``, in a rank and in the
+launcher alike; anything else fails the job with an error that says so.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import cloudpickle
 import torch.distributed as dist
 
 from ..contract import FUNCTION_KEY, STORE_ADDR, STORE_PORT, function_result_key
+from ..store_auth import AuthenticatedStore, require_credentials
 from .hosts import HostSlots, parse_hostfile, parse_hosts
 from .run import RunConfig, run_job
 from .ssh import SshOptions
@@ -56,26 +59,37 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, A
     payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
     results: dict[int, Any] = {}
 
-    def give(store: dist.Store) -> None:
+    forged: list[int] = []
+
+    def give(store: AuthenticatedStore) -> None:
         store.set(FUNCTION_KEY, payload)
 
-    def collect(store: dist.Store) -> None:
+    def collect(store: AuthenticatedStore) -> None:
         for rank in range(size):
-            if store.check([function_result_key(rank)]):
-                results[rank] = cloudpickle.loads(store.get(function_result_key(rank)))
+            value = store.get(function_result_key(rank), max_bytes=0)
+            if value is not None:
+                results[rank] = cloudpickle.loads(value)
+            elif function_result_key(rank) in store.rejected:
+                forged.append(rank)
 
     code = run_job(config, with_store=give, after_job=collect)
     if code != 0:
         raise FunctionJobError(f"torchring.run: the job failed with exit code {code}; its output above names "
                                "the rank and its error", code)
+    if forged:
+        raise FunctionJobError(f"torchring.run: the result of rank(s) {forged} in the job's store was not written by "
+                               "the job (it is not signed with the job's secret); another process reached the "
+                               "store's port and replaced it, so it was not unpickled", 1)
     missing = [rank for rank in range(size) if rank not in results]
     if missing:
         raise FunctionJobError(f"torchring.run: rank(s) {missing} ended without a result", 1)
     return [results[rank] for rank in range(size)]
 
 
-def _environment_store() -> dist.Store:
+def _environment_store() -> AuthenticatedStore:
+    """In a rank of ``torchring.run``: the job's store, signed with the job's secret (which must exist)."""
     from datetime import timedelta
 
-    return dist.TCPStore(os.environ[STORE_ADDR], int(os.environ[STORE_PORT]),
-                         is_master=False, timeout=timedelta(seconds=60))
+    credentials = require_credentials("torchring.run's function payload")
+    return AuthenticatedStore(dist.TCPStore(os.environ[STORE_ADDR], int(os.environ[STORE_PORT]),
+                                            is_master=False, timeout=timedelta(seconds=60)), credentials)

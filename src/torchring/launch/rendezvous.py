@@ -1,39 +1,89 @@
-"""The store the launcher serves for its workers: torchring's rendezvous and torchrun's env:// alike."""
+"""The store the launcher serves for its workers: torchring's rendezvous and torchrun's env:// alike.
+
+It listens only where the job needs it: on loopback when every rank runs on this host, on one address
+when the hosts reach this one through it, on every interface otherwise (see ``docs/security.md``).
+Everything torchring reads from it that another process wrote goes through :attr:`RendezvousServer.auth`,
+which verifies the job's signature (``store_auth``); the credentials are made fresh for each server.
+"""
 
 from __future__ import annotations
 
+import socket
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 from ..contract import peer_failure_key
+from ..store_auth import AuthenticatedStore, JobCredentials
+
+__all__ = ["ALL_INTERFACES", "LOOPBACK", "PEER_FAILURE_MAX_BYTES", "RendezvousServer", "listen_fd_backend"]
+
+#: Bind addresses: loopback only (every rank on this host), or every interface.
+LOOPBACK = "127.0.0.1"
+ALL_INTERFACES = ""
+#: The longest peer-failure record the launcher keeps for a rank.
+PEER_FAILURE_MAX_BYTES = 4096
+
+
+def listen_fd_backend() -> bool:
+    """Whether TCPStore's default (libuv) backend serves an already-bound socket (``master_listen_fd``):
+    torch >= 2.8. Older versions get the classic backend, which always could."""
+    major, minor = (int(part) for part in torch.__version__.split(".")[:2])
+    return (major, minor) >= (2, 8)
+
+
+def _bound_socket(address: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((address, port))
+        sock.listen(socket.SOMAXCONN)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 class RendezvousServer:
-    """A TCPStore server on ``port`` (0: a free port chosen by the system) for the job's lifetime."""
+    """A TCPStore server on ``bind``:``port`` (``bind`` "": every interface; ``port`` 0: a free port
+    chosen by the system) for the job's lifetime, with the job's fresh credentials."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, timeout_s: float = 300.0) -> None:
+    def __init__(self, bind: str = LOOPBACK, port: int = 0, timeout_s: float = 300.0) -> None:
+        where = f"{bind or '*'}:{port}"
+        timeout = timedelta(seconds=timeout_s)
         try:
-            self.store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
-                                       timeout=timedelta(seconds=timeout_s))
+            if bind == ALL_INTERFACES:
+                self.store = dist.TCPStore("0.0.0.0", port, is_master=True, wait_for_workers=False,
+                                           timeout=timeout)
+            else:
+                sock = _bound_socket(bind, port)
+                port = sock.getsockname()[1]
+                self.store = dist.TCPStore(bind, port, is_master=True, wait_for_workers=False, timeout=timeout,
+                                           master_listen_fd=sock.detach(), use_libuv=listen_fd_backend())
         except (RuntimeError, OSError) as error:
-            raise OSError(f"cannot serve the rendezvous store on {host}:{port}: {error}. "
+            raise OSError(f"cannot serve the rendezvous store on {where}: {error}. "
                           "Choose another --port or free this one.") from None
-        self.host = host
+        self.bind = bind
         self.port = self.store.port
+        self.credentials = JobCredentials.new()
+        #: The store's signed view: what the launcher writes for the ranks and reads from them.
+        self.auth: AuthenticatedStore | None = AuthenticatedStore(self.store, self.credentials)
 
     def close(self) -> None:
         """Stop serving (the store's server ends with its last reference)."""
         self.store = None
+        self.auth = None
 
     def peer_failure(self, rank: int) -> str | None:
-        """What rank ``rank`` recorded when its operations failed because of another rank, if anything."""
-        key = peer_failure_key(rank)
-        if self.store is None:
+        """What rank ``rank`` recorded when its operations failed because of another rank, if anything
+        (only a record signed by the job counts)."""
+        auth = self.auth
+        if auth is None:
             return None
         try:
-            if self.store.check([key]):
-                return self.store.get(key).decode(errors="replace")
+            value = auth.get(peer_failure_key(rank), max_bytes=PEER_FAILURE_MAX_BYTES)
         except (RuntimeError, OSError):
-            pass
-        return None
+            return None
+        return None if value is None else value.decode(errors="replace")

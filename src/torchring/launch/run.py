@@ -31,9 +31,8 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch.distributed as dist
-
 from ..contract import METRICS_PUBLISH
+from ..store_auth import AuthenticatedStore
 from .containers import ContainerOptions
 from .discovery import HostDiscovery
 from .elastic_driver import ElasticDriver, ElasticSettings
@@ -42,7 +41,8 @@ from .hang_detector import HangDetector
 from .stragglers import StragglerWatch
 from .hosts import HostSlots, assign_ranks, is_local_host, parse_hostfile, parse_hosts
 from .preflight import PreflightError, require_hosts
-from .rendezvous import RendezvousServer
+from .network import address_of
+from .rendezvous import ALL_INTERFACES, LOOPBACK, RendezvousServer
 from .spawner import ProcessName, Spawner, SpawnSettings
 from .ssh import SshOptions
 from .supervisor import Supervisor, Worker, report_failure
@@ -52,6 +52,9 @@ from .worker_env import EnvironmentPlan, topology_variables
 #: The launcher's default ``--hang-timeout`` and the variable that sets it when the flag is not given.
 DEFAULT_HANG_TIMEOUT_S = 300.0
 HANG_TIMEOUT_VARIABLE = "TORCHRING_HANG_TIMEOUT"
+#: Where the ``--metrics-port`` page listens by default (``--metrics-address``): every interface, so that a
+#: Prometheus server elsewhere can scrape it; the page only shows counters (``docs/security.md``).
+DEFAULT_METRICS_ADDRESS = "0.0.0.0"
 
 __all__ = ["PreflightError", "RunConfig", "add_run_arguments", "config_from_args", "run_elastic_job", "run_job"]
 
@@ -85,6 +88,8 @@ class RunConfig:
     container_workdir: str = "/workspace"
     #: ``--hang-timeout``: seconds without progress on any rank before the job is declared hung (0: off).
     hang_timeout_s: float = DEFAULT_HANG_TIMEOUT_S
+    #: ``--metrics-address``: where the ``--metrics-port`` page listens ("": every interface).
+    metrics_address: str = DEFAULT_METRICS_ADDRESS
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -137,6 +142,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config-file", help="YAML file with values for these flags (flags given here win)")
     parser.add_argument("--metrics-port", type=int,
                         help="serve every rank's Prometheus metrics and job totals on this port of this host")
+    parser.add_argument("--metrics-address", default=DEFAULT_METRICS_ADDRESS,
+                        help="address the --metrics-port page listens on (default 0.0.0.0, every interface; "
+                             "127.0.0.1 for this host only)")
     parser.add_argument("--hang-timeout", type=float, metavar="SECONDS",
                         help="end the job, naming the frozen or stuck rank(s) and showing every rank's stack, when "
                              f"no rank's Python stack changed for this long (default "
@@ -189,7 +197,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                      args.verbose, args.horovod_compat, tuning_environment(args), ssh, tuple(args.network_interface),
                      args.output_filename, tuple(args.forward), extra_env, elastic, args.host_discovery_script,
                      args.slots_per_host, _metrics_port(args.metrics_port), _container_options(args),
-                     args.image_workdir or "/workspace", _hang_timeout(args.hang_timeout))
+                     args.image_workdir or "/workspace", _hang_timeout(args.hang_timeout),
+                     _metrics_address(args.metrics_address))
 
 
 def _container_options(args: argparse.Namespace) -> ContainerOptions | None:
@@ -209,7 +218,7 @@ def _metrics_port(port: int | None) -> int | None:
     return port
 
 
-def _serve_metrics(config: RunConfig, store: dist.Store, max_ranks: int,
+def _serve_metrics(config: RunConfig, store: AuthenticatedStore, max_ranks: int,
                    stragglers: StragglerWatch | None = None) -> dict[str, str]:
     """Serve the job's metrics when asked (with the straggler gauges of ``stragglers``); the variables
     that make the ranks publish theirs."""
@@ -218,14 +227,28 @@ def _serve_metrics(config: RunConfig, store: dist.Store, max_ranks: int,
     from ..metrics.exporter import serve_job_metrics
 
     try:
-        serve_job_metrics(store, config.metrics_port, max_ranks,
+        serve_job_metrics(store, config.metrics_port, max_ranks, config.metrics_address,
                           straggler_gauges=stragglers.gauges if stragglers is not None else None)
     except OSError as error:
-        raise OSError(f"cannot serve metrics on port {config.metrics_port}: {error.strerror}; choose another "
-                      "--metrics-port") from None
+        raise OSError(f"cannot serve metrics on {config.metrics_address}:{config.metrics_port}: "
+                      f"{error.strerror}; choose another --metrics-port or --metrics-address") from None
     if config.verbose:
-        _log(f"metrics at http://<this host>:{config.metrics_port}/metrics")
+        _log(f"metrics at http://{config.metrics_address}:{config.metrics_port}/metrics")
     return {METRICS_PUBLISH: "1"}
+
+
+def _metrics_address(address: str | None) -> str:
+    return (address or DEFAULT_METRICS_ADDRESS).strip()
+
+
+def store_bind_address(config: RunConfig, remote: bool) -> str:
+    """Where the job's store listens: loopback when every rank is on this host (``remote`` False), the
+    address of ``--network-interface`` when exactly one is given, else every interface."""
+    if not remote:
+        return LOOPBACK
+    if len(config.network_interfaces) == 1:
+        return address_of(config.network_interfaces[0])
+    return ALL_INTERFACES
 
 
 def _hang_timeout(value: float | None) -> float:
@@ -287,21 +310,21 @@ def _log(message: str) -> None:
     print(f"torchring run: {message}", file=sys.stderr, flush=True)
 
 
-def run_job(config: RunConfig, with_store: Callable[[dist.Store], None] | None = None,
-            after_job: Callable[[dist.Store], None] | None = None) -> int:
+def run_job(config: RunConfig, with_store: Callable[[AuthenticatedStore], None] | None = None,
+            after_job: Callable[[AuthenticatedStore], None] | None = None) -> int:
     """Start every rank, relay output, and return the job's exit code. ``with_store`` is called with the
-    job's store before any rank starts, ``after_job`` once all have ended (``torchring.run`` passes a
-    function and collects results through them)."""
+    job's (signed) store before any rank starts, ``after_job`` once all have ended (``torchring.run``
+    passes a function and collects results through them)."""
     assignments = assign_ranks(config.hosts, config.num_proc)
     remote_hosts = list(dict.fromkeys(slot.hostname for slot in assignments if not is_local_host(slot.hostname)))
-    server = RendezvousServer("127.0.0.1", config.port)
+    server = RendezvousServer(store_bind_address(config, bool(remote_hosts)), config.port)
     stack_dir = tempfile.mkdtemp(prefix="torchring-stack-dumps-")
     stragglers = StragglerWatch(_log)
     try:
         if with_store is not None:
-            with_store(server.store)
-        metrics_env = _serve_metrics(config, server.store, config.num_proc, stragglers)
-        spawner = Spawner(spawn_settings(config, metrics_env, stack_dir), server.port, log=_log)
+            with_store(server.auth)
+        metrics_env = _serve_metrics(config, server.auth, config.num_proc, stragglers)
+        spawner = Spawner(spawn_settings(config, metrics_env, stack_dir), server.port, server.credentials, log=_log)
         if remote_hosts:
             spawner.add_reports(require_hosts(remote_hosts, server.port, config.network_interfaces, config.ssh,
                                               _log if config.verbose else None))
@@ -329,7 +352,7 @@ def run_job(config: RunConfig, with_store: Callable[[dist.Store], None] | None =
         detector.start()
         failure = supervisor.wait()
         if after_job is not None:
-            after_job(server.store)
+            after_job(server.auth)
     except BaseException:
         supervisor.terminate_all()
         raise
@@ -353,12 +376,13 @@ def run_elastic_job(config: RunConfig) -> int:
         discovery = HostDiscovery(script=config.discovery_script, slots_per_host=config.slots_per_host)
     else:
         discovery = HostDiscovery(fixed=config.hosts, slots_per_host=config.slots_per_host)
-    server = RendezvousServer("127.0.0.1", config.port)
+    remote = bool(config.discovery_script) or any(not is_local_host(h.hostname) for h in config.hosts)
+    server = RendezvousServer(store_bind_address(config, remote), config.port)
     stack_dir = tempfile.mkdtemp(prefix="torchring-stack-dumps-")
     try:
-        spawner = Spawner(spawn_settings(config, _serve_metrics(config, server.store,
+        spawner = Spawner(spawn_settings(config, _serve_metrics(config, server.auth,
                                                                 min(config.elastic.max_np, 4096)), stack_dir),
-                          server.port, log=_log)
+                          server.port, server.credentials, log=_log)
     except BaseException:
         server.close()
         shutil.rmtree(stack_dir, ignore_errors=True)

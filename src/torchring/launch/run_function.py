@@ -1,4 +1,6 @@
-"""What each rank of ``torchring.run(fn, ...)`` runs: fetch the function, call it, hand back the result."""
+"""What each rank of ``torchring.run(fn, ...)`` runs: fetch the function, call it, hand back the result.
+
+The payload is unpickled only once its signature proves the job's launcher wrote it."""
 
 from __future__ import annotations
 
@@ -15,7 +17,13 @@ from .function import _environment_store
 def main() -> int:
     store = _environment_store()
     rank = int(os.environ[RANK])
-    fn, args, kwargs = cloudpickle.loads(store.get(FUNCTION_KEY))
+    payload = store.get(FUNCTION_KEY, max_bytes=0)
+    if payload is None:
+        print(f"torchring.run: rank {rank}: the function payload in the job's store ({FUNCTION_KEY!r}) is missing "
+              "or not signed with the job's secret (another process replaced it); it was not unpickled",
+              file=sys.stderr)
+        return 1
+    fn, args, kwargs = cloudpickle.loads(payload)
     try:
         result = fn(*args, **kwargs)
     except BaseException:  # noqa: BLE001 - reported on stderr, the launcher names this rank

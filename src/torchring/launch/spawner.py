@@ -8,7 +8,9 @@ Where a process runs decides how it starts (:class:`~torchring.launch.worker_env
 * on a remote host, the ``remote_rank`` supervisor over SSH, which gets the command, the environment and
   the working directory as JSON on its standard input (and adds the shim there);
 * with ``--image``, ``remote_rank`` (over SSH, or directly on this host) runs ``docker run ... IMAGE
-  COMMAND`` with the environment as ``-e`` values, and ``docker stop`` when the process must end.
+  COMMAND`` with the environment as ``-e`` values (the job's secret as ``-e NAME`` alone, its value in
+  the docker client's environment, so that it never shows on a command line), and ``docker stop`` when
+  the process must end.
 
 Every process started under ``remote_rank`` gets a :class:`~torchring.launch.remote_link.RemoteLink`:
 a heartbeat both ways (a host cut off from the launcher ends its processes; the launcher names the host)
@@ -35,7 +37,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ..compat import SHIM_PATH
-from ..contract import OPS_FILE, STACK_FILE
+from ..contract import JOB_SECRET, OPS_FILE, STACK_FILE
+from ..store_auth import JobCredentials
 from .containers import ContainerOptions, container_name, docker_run_argv, stop_argv
 from .hosts import is_local_host
 from .local import spawn_local
@@ -115,11 +118,13 @@ class Spawned:
 class Spawner:
     """Starts the job's processes; ``reports`` holds the preflight report of every remote host used."""
 
-    def __init__(self, settings: SpawnSettings, store_port: int, job_id: str | None = None,
+    def __init__(self, settings: SpawnSettings, store_port: int, credentials: JobCredentials | None = None,
                  log: Callable[[str], None] | None = None) -> None:
         self.settings = settings
         self.store_port = store_port
-        self.job_id = job_id or uuid.uuid4().hex[:10]
+        #: The job's id and secret, which every process gets (the store's server made them).
+        self.credentials = credentials or JobCredentials.new()
+        self.job_id = self.credentials.job_id
         self.reports: dict[str, HostReport] = {}
         self._log = log or (lambda message: print(f"torchring run: {message}", file=sys.stderr, flush=True))
         self._local_interface: str | None = None
@@ -158,7 +163,7 @@ class Spawner:
         interface = report.interface if report is not None else self._local_interface
         base = self.settings.environment.base(placement, interface)
         env = rank_environment(base, variables, store_host or "127.0.0.1", self.store_port, local_size,
-                               cpus=report.cpus if report is not None else None)
+                               cpus=report.cpus if report is not None else None, credentials=self.credentials)
         files = self._stack_files(name) if placement is Placement.LOCAL else None
         if files is not None:
             env[STACK_FILE], env[OPS_FILE] = str(files[0]), str(files[1])
@@ -200,8 +205,9 @@ class Spawner:
             assert settings.container is not None
             container = container_name(self.job_id, name.number, role=name.role)
             argv = docker_run_argv(settings.container, list(settings.command), env, settings.container_workdir,
-                                   container)
+                                   container, from_client=(JOB_SECRET,))
             client_env = {key: os.environ[key] for key in DOCKER_CLIENT_VARIABLES if key in os.environ}
+            client_env[JOB_SECRET] = env[JOB_SECRET]  # docker reads it from its own environment: not in ps
             process = spawn_remote(remote_host, settings.ssh.python, settings.ssh)
             send_spec(process, argv, client_env, os.getcwd(), False, [stop_argv(container)])
             return process

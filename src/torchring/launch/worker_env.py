@@ -20,6 +20,7 @@ from ..contract import (
     ELASTIC,
     ELASTIC_TIMEOUT,
     HOSTNAME,
+    JOB_SECRET,
     LOCAL_RANK,
     LOCAL_SIZE,
     RANK,
@@ -30,6 +31,7 @@ from ..contract import (
     WORKER_ID,
     horovod_name,
 )
+from ..store_auth import JobCredentials
 from .hosts import SlotAssignment
 
 
@@ -132,13 +134,18 @@ def elastic_variables(worker_id: str, hostname: str, elastic_timeout_s: float,
 
 
 def rank_environment(base: Mapping[str, str], variables: Mapping[str, str], store_host: str, store_port: int,
-                     local_size: int, cpus: int | None = None) -> dict[str, str]:
-    """``base`` plus a process's own ``variables``, where the rendezvous store is, and the defaults
-    ``PYTHONUNBUFFERED=1`` and ``OMP_NUM_THREADS`` = CPUs / processes on the host."""
+                     local_size: int, cpus: int | None = None,
+                     credentials: JobCredentials | None = None) -> dict[str, str]:
+    """``base`` plus a process's own ``variables``, where the rendezvous store is, the job's
+    ``credentials`` (its id and secret), and the defaults ``PYTHONUNBUFFERED=1`` and
+    ``OMP_NUM_THREADS`` = CPUs / processes on the host."""
     env = dict(base)
+    env.pop(JOB_SECRET, None)  # never another job's secret, inherited from the launcher's environment
     env.update(variables)
     env.update({STORE_ADDR: store_host, STORE_PORT: str(store_port), "MASTER_ADDR": store_host,
                 "MASTER_PORT": str(store_port)})
+    if credentials is not None:
+        env.update(credentials.environment())
     env.setdefault("PYTHONUNBUFFERED", "1")
     if "OMP_NUM_THREADS" not in env:
         available = cpus or os.cpu_count() or 1

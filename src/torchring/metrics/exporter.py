@@ -17,17 +17,19 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-import torch.distributed as dist
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ..contract import metrics_snapshot_key
+from ..store_auth import AuthenticatedStore
 from .counters import METRICS, PHASES
 
 logger = logging.getLogger("torchring")
 
 PUBLISH_INTERVAL_S = 1.0
+#: The largest snapshot the launcher reads from a rank.
+SNAPSHOT_MAX_BYTES = 64 * 1024
 
 
 def families(snapshots: dict[int, dict[str, Any]]) -> Iterator[Any]:
@@ -114,7 +116,8 @@ class _LocalCollector(Collector):
 class JobCollector(Collector):
     """The launcher's view: the latest snapshot every rank published in the store."""
 
-    def __init__(self, store: dist.Store, max_ranks: int, straggler_gauges: StragglerGauges | None = None) -> None:
+    def __init__(self, store: AuthenticatedStore, max_ranks: int,
+                 straggler_gauges: StragglerGauges | None = None) -> None:
         self.store = store
         self.max_ranks = max_ranks
         self.straggler_gauges = straggler_gauges
@@ -124,19 +127,33 @@ class JobCollector(Collector):
         for rank in range(self.max_ranks):
             key = metrics_snapshot_key(rank)
             try:
-                if self.store.check([key]):
-                    snapshots[rank] = json.loads(self.store.get(key))
-            except (RuntimeError, OSError, ValueError):
+                value = self.store.get(key, max_bytes=SNAPSHOT_MAX_BYTES)
+            except (RuntimeError, OSError):
                 continue
+            snapshot = None if value is None else _snapshot(value)
+            if snapshot is not None:
+                snapshots[rank] = snapshot
+            elif value is not None:
+                self.store.reject(key, "it is not a metrics snapshot")
         yield from families(snapshots)
         if self.straggler_gauges is not None:
             yield from straggler_families(self.straggler_gauges())
 
 
-def serve_job_metrics(store: dist.Store, port: int, max_ranks: int, address: str = "0.0.0.0",
+def _snapshot(value: bytes) -> dict[str, Any] | None:
+    """A rank's snapshot if every family can be made of it, else None."""
+    try:
+        snapshot = json.loads(value)
+        list(families({0: snapshot}))
+    except Exception:  # noqa: BLE001 - any malformed snapshot is left out, the page still answers
+        return None
+    return snapshot
+
+
+def serve_job_metrics(store: AuthenticatedStore, port: int, max_ranks: int, address: str = "0.0.0.0",
                       straggler_gauges: StragglerGauges | None = None) -> None:
-    """On the launcher: serve the ranks' published metrics on ``port``; with ``straggler_gauges``
-    (``StragglerWatch.gauges``), the straggler gauges too."""
+    """On the launcher: serve the ranks' published metrics on ``address``:``port``; with
+    ``straggler_gauges`` (``StragglerWatch.gauges``), the straggler gauges too."""
     registry = CollectorRegistry()
     registry.register(JobCollector(store, max_ranks, straggler_gauges))
     start_http_server(port, addr=address, registry=registry)
@@ -145,7 +162,7 @@ def serve_job_metrics(store: dist.Store, port: int, max_ranks: int, address: str
 class Publisher:
     """On a rank: write this rank's snapshot to the store every ``PUBLISH_INTERVAL_S``."""
 
-    def __init__(self, store: dist.Store, rank: int) -> None:
+    def __init__(self, store: AuthenticatedStore, rank: int) -> None:
         self.store = store
         self.rank = rank
         self._stop = threading.Event()
@@ -170,7 +187,7 @@ class Publisher:
 _served_ports: set[int] = set()
 
 
-def start_rank_metrics(store: dist.Store, rank: int, local_rank: int, publish: bool,
+def start_rank_metrics(store: AuthenticatedStore, rank: int, local_rank: int, publish: bool,
                        port: int | None) -> Publisher | None:
     """At ``init``: publish to the launcher, or serve this rank's metrics on ``port + local_rank``."""
     if publish:

@@ -23,6 +23,7 @@ from ..environments import (
     detect_environment,
 )
 from ..exceptions import NOT_INITIALIZED_MESSAGE
+from ..store_auth import AuthenticatedStore, job_credentials
 from .control import ControlChannel
 from .engine import Engine, EngineSettings
 from .executor import DataGroups, Executor
@@ -44,6 +45,8 @@ class Runtime:
     environment: ClusterEnvironment
     topology: Topology
     store: dist.Store
+    #: The same store's signed view (``store_auth``): torchring's own values between processes.
+    signed: AuthenticatedStore
     control_group: dist.ProcessGroup | None
     process_sets: ProcessSetTable
     engine: Engine
@@ -155,9 +158,9 @@ def _cuda_group(store: dist.Store, rank: int, size: int, timeout: timedelta) -> 
         return None
 
 
-def _peer_failure_reporter(environment: ClusterEnvironment, store: dist.Store,
+def _peer_failure_reporter(environment: ClusterEnvironment, store: AuthenticatedStore,
                            rank: int) -> Callable[[str], None] | None:
-    """Under ``torchring run``, a way to tell the launcher that this rank fails because of another."""
+    """Under ``torchring run``, a way to tell the launcher (signed) that this rank fails because of another."""
     if not isinstance(environment, TorchringLauncherEnvironment):
         return None
     return lambda reason: store.set(peer_failure_key(rank), reason)
@@ -224,11 +227,12 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
         _shorten_gil_switch_interval(settings)
         rendezvous_timeout, timeout = start_timeout(settings), collective_timeout(settings)
         environment = detect_environment()
+        credentials = job_credentials()  # takes the job's secret out of the environment
         _generation += 1
         if isinstance(environment, ElasticLauncherEnvironment):
             # rank and size come from the elastic launcher's current generation, once all its ranks are in
             store = _open_store(environment.rendezvous(), rendezvous_timeout)
-            assignment = environment.join(store)
+            assignment = environment.join(AuthenticatedStore(store, credentials))
             info, prefix = assignment.info, elastic_generation_prefix(assignment.generation)
             _generation = max(_generation, assignment.generation + 1)
             rendezvous = environment.rendezvous()
@@ -241,6 +245,7 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
             prefix = generation_prefix(_generation)
             if info.size > 1:
                 _wait_for_all_ranks(store, prefix, info.rank, info.size, rendezvous_timeout)
+        signed = AuthenticatedStore(store, credentials)
         control_group = data_group = None
         if info.size > 1:
             control_group = _gloo_group(dist.PrefixStore(f"{prefix}/control", store), info.rank, info.size,
@@ -264,7 +269,7 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
         from .handles import skip_auto_name  # handles reaches the runtime through this module
 
         engine = Engine(info.rank, info.size, control, Executor(table, info.rank), table, waker,
-                        _engine_settings(control, settings), _peer_failure_reporter(environment, store, info.rank),
+                        _engine_settings(control, settings), _peer_failure_reporter(environment, signed, info.rank),
                         skip_auto_name)
         timeline = _initial_timeline(info.rank, settings)
         if timeline is not None:
@@ -273,8 +278,8 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
         engine.start()
         lanes = LaneRegistry(generation_prefix(_generation), _lane_group_opener(store, table, timeout),
                              lambda: engine.timeline, recorder)
-        _runtime = Runtime(environment, topology, store, control_group, table, engine, _generation,
-                           dynamic_process_sets, settings, lanes, _start_metrics(store, topology, settings),
+        _runtime = Runtime(environment, topology, store, signed, control_group, table, engine, _generation,
+                           dynamic_process_sets, settings, lanes, _start_metrics(signed, topology, settings),
                            recorder)
         if not _atexit_registered:
             atexit.register(shutdown)
@@ -295,7 +300,7 @@ def _lane_group_opener(store: dist.Store, table: ProcessSetTable, timeout: timed
     return open_groups
 
 
-def _start_metrics(store: dist.Store, topology: Topology, settings: Settings) -> object | None:
+def _start_metrics(store: AuthenticatedStore, topology: Topology, settings: Settings) -> object | None:
     """Publish metrics to the launcher (``TORCHRING_METRICS_PUBLISH=1``) or serve them on
     ``TORCHRING_METRICS_PORT`` + local rank; nothing when neither is set."""
     if not settings.metrics_publish and settings.metrics_port is None:

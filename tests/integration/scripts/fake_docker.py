@@ -24,8 +24,11 @@ def main(argv):
         if flag in VALUE_FLAGS:
             value = argv[index + 1]
             if flag == "-e":
-                key, _, val = value.partition("=")
-                env[key] = val
+                key, given, val = value.partition("=")
+                if given:
+                    env[key] = val
+                elif key in os.environ:  # `-e NAME`: docker takes the value from its own environment
+                    env[key] = os.environ[key]
             elif flag == "-w":
                 workdir = value
             index += 2

@@ -34,6 +34,7 @@ from .process_set_table import ProcessSetTable
 from .requests import DATA_OPS, OpType, Request, RequestMeta
 from .response_cache import ResponseCache
 from .stall_inspector import StallInspector
+from .thread_cpu import thread_cpu_seconds
 from .timeline import NullTimeline, TimelineWriter, backend_activity
 from .wakeup import Waker
 
@@ -68,16 +69,6 @@ class EngineSettings:
     #: 1: engines block until woken as soon as nothing is pending; more: only after that many consecutive
     #: empty cycles. Every rank must use the same number (they go idle together).
     idle_cycles: int = 1
-
-
-def thread_cpu_seconds(thread: threading.Thread) -> float:
-    """CPU seconds used by a running ``thread`` (0 when it is not running or the platform cannot tell)."""
-    if thread.ident is None or not thread.is_alive():
-        return 0.0
-    try:
-        return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
-    except (AttributeError, OSError):
-        return 0.0
 
 
 def _backend_activity(response: Response) -> str:

@@ -182,7 +182,7 @@ def test_run_resets_on_host_update_and_rolls_back_on_failure(rank, size, monkeyp
         if state.attempts == 1:
             state.step = 1
             if hvd.rank() == 0:  # what an elastic launcher does when a host is added
-                context.current().store.set(HOSTS_VERSION_KEY, "1 added")
+                context.current().signed.set(HOSTS_VERSION_KEY, "1 added")
             hvd.barrier()
             state.commit()  # raises HostsUpdatedInterrupt on every rank
             pytest.fail("commit did not report the host update")

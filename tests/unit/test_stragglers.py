@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from torchring.launch.stragglers import StragglerWatch, parse_steps
 from torchring.metrics.exporter import JobCollector, straggler_families
+from torchring.store_auth import AuthenticatedStore, JobCredentials
 
 
 def job_steps(work_s: dict[int, float], steps: int = 100, first: int = 0, jitter_s: float = 0.002,
@@ -99,12 +100,12 @@ def test_gauges_become_prometheus_families_on_the_launchers_endpoint():
         "torchring_straggler_lag_seconds", "torchring_straggler_last_fraction"]
     assert list(straggler_families({})) == []
     registry = CollectorRegistry()
-    registry.register(JobCollector(dist.HashStore(), 2, straggler.gauges))
+    registry.register(JobCollector(AuthenticatedStore(dist.HashStore(), JobCredentials.new()), 2, straggler.gauges))
     text = generate_latest(registry).decode()
     assert 'torchring_straggler_last_fraction{rank="1"} 1.0' in text
     assert 'torchring_straggler_last_fraction{rank="0"} 0.0' in text
     lag = next(line for line in text.splitlines() if line.startswith('torchring_straggler_lag_seconds{rank="1"}'))
     assert 0.045 < float(lag.split()[-1]) < 0.055
     plain = CollectorRegistry()
-    plain.register(JobCollector(dist.HashStore(), 2))  # without a watch: as before
+    plain.register(JobCollector(AuthenticatedStore(dist.HashStore(), JobCredentials.new()), 2))  # without a watch: as before
     assert "straggler" not in generate_latest(plain).decode()

@@ -2,7 +2,8 @@
 
 The multi-host tests spend most of their time waiting (on SSH, elastic timeouts, lost hosts) while the
 unit and integration tests mostly compute, so on a 2-core machine running them side by side finishes
-the suite in about 60% of the time it takes one after the other. Each group is one ordinary pytest
+the suite in about 60% of the time it takes one after the other; the integration tests that train
+examples run in the multi-host group, which evens out the two. Each group is one ordinary pytest
 run with its own log; while they run, a line every 30 s shows how far each has got; at the end both
 logs are printed whole (each with its slowest tests and skip reasons), then one line with the totals.
 
@@ -20,7 +21,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-GROUPS = {"unit+integration": ["tests/unit", "tests/integration"], "multihost": ["tests/multihost"]}
+#: Integration tests that train real models for a while: run beside the multi-host tests, which mostly
+#: wait, so that both groups take about as long.
+BALANCED = ["tests/integration/test_examples.py", "tests/integration/test_gpu_check_script.py"]
+GROUPS = {"unit+integration": ["tests/unit", "tests/integration", *(f"--ignore={path}" for path in BALANCED)],
+          "multihost+examples": ["tests/multihost", *BALANCED]}
 PROGRESS_EVERY_S = 30.0
 #: pytest's exit status when it collected no test (e.g. ``-k`` matched nothing in one group).
 NO_TESTS = 5

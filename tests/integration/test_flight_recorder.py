@@ -1,37 +1,14 @@
-"""The flight recorder in real 2-rank jobs: each rank's file names its gradient reductions and step times
-(enough for the straggler watch to name the slow rank), and shows a request rank 0 submitted and rank 1
-did not, with the missing rank, while the job waits."""
+"""The flight recorder in a real 2-rank job: rank 0's file shows a request it submitted and rank 1 did
+not, with the missing rank, while the job waits. (The steps it records reach the launcher's straggler
+watch in ``test_hang_detector``; the file's fields are checked in ``tests/unit/test_flight_recorder``.)"""
 
 from __future__ import annotations
 
 import time
 
 from torchring.launch.ops_report import format_ops, read_ops_file
-from torchring.launch.stragglers import StragglerWatch
 
-from .jobs import python_script, run_job, start_job
-
-
-def test_ranks_record_their_gradient_reductions_and_steps_and_the_slow_rank_is_named(tmp_path):
-    result = run_job("run", "-np", "2", *python_script("flight_recorder_job.py"), str(tmp_path),
-                     env={"FLIGHT_MODE": "steps", "SLOW_S": "0.02"}, timeout=60)
-    assert result.returncode == 0, result.stderr
-    files = {rank: read_ops_file(tmp_path / f"ops.{rank}") for rank in (0, 1)}
-    for rank, content in files.items():
-        assert content is not None and content["rank"] == rank and content["size"] == 2
-        assert content["pending"] == []
-        names = [entry["name"] for entry in content["recent"]]
-        assert len(names) == 8 and all(name.startswith("gradient bucket 0 (") for name in names), names
-        assert all(entry["ended_at"] >= entry["started_at"] for entry in content["recent"])
-        steps = content["steps"]
-        assert steps["first"] == 0 and len(steps["wait"]) == len(steps["interval"]) == 30
-        assert steps["interval"][0] is None and all(i > 0 for i in steps["interval"][1:])
-    assert "last collectives: allreduce 'gradient bucket 0 (4 tensors)' (done" in format_ops(files[0], time.time())[0]
-    logged: list[str] = []
-    watch = StragglerWatch(logged.append)
-    watch.update({rank: content["steps"] for rank, content in files.items()})
-    assert len(logged) == 1 and logged[0].startswith("rank 1 is a straggler"), (logged, watch.gauges())
-    assert watch.gauges()[1][1] >= 0.8
+from .jobs import python_script, start_job
 
 
 def test_a_request_only_rank_0_submitted_shows_as_waiting_for_rank_1(tmp_path):

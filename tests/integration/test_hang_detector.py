@@ -75,7 +75,8 @@ def test_a_frozen_rank_is_named_and_blamed_and_killed():
     assert re.search(r"rank 1 \(pid \d+ on localhost\) froze \(process state T, stopped\)", _summary(stderr))
     assert took < 15, stderr
     # what torchring's runtime in rank 0 recorded: its last collectives, and the one it waits in
-    assert re.search(r"torchring run:   rank 0: last collectives: allreduce 'grad' \(done [\d.]+ s ago\)", stderr), stderr
+    assert re.search(r"torchring run:   rank 0: last collectives: allreduce 'grad' \(done [\d.]+ s ago\)", stderr), \
+        stderr
     assert re.search(r"torchring run:   rank 0: waiting for other ranks: allreduce 'grad' since", stderr), stderr
 
 

@@ -5,7 +5,6 @@ import os
 import pickle
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch.distributed as dist
@@ -15,7 +14,7 @@ from torchring.contract import FUNCTION_KEY, JOB_SECRET, RANK, SIZE, STORE_ADDR,
 from torchring.launch.function import FunctionJobError
 from torchring.launch.rendezvous import RendezvousServer
 
-from .jobs import ROOT, SCRIPTS, python_script, run_job
+from .jobs import ROOT, python_script, run_job
 
 
 class CreatesFile:
@@ -47,7 +46,6 @@ def _overwrite_rank0_result(marker: str) -> int:
     import pickle
     from datetime import timedelta
 
-    import torch.distributed as dist
 
     if os.environ["TORCHRING_RANK"] == "0":
         return 42

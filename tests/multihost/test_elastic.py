@@ -1,5 +1,5 @@
-"""Elastic jobs on the namespace cluster: a frozen worker ended by the hang detector, a host added, too few hosts left, a
-worker that fails at start-up. A discovery script reads a file the tests edit."""
+"""Elastic jobs on the namespace cluster: a frozen worker ended by the hang detector, a host added, too
+few hosts left, a worker that fails at start-up. A discovery script reads a file the tests edit."""
 
 import collections
 import json

@@ -16,7 +16,7 @@ from torchring.launch.containers import ContainerOptions, docker_run_argv
 from torchring.launch.rendezvous import RendezvousServer
 from torchring.metrics.counters import METRICS
 from torchring.metrics.exporter import serve_job_metrics
-from torchring.store_auth import TAG_BYTES, AuthenticatedStore, JobCredentials, read_credentials, sign, verify
+from torchring.store_auth import TAG_BYTES, JobCredentials, read_credentials, sign, verify
 
 SECRET = b"k" * 32
 

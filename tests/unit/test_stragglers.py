@@ -107,5 +107,6 @@ def test_gauges_become_prometheus_families_on_the_launchers_endpoint():
     lag = next(line for line in text.splitlines() if line.startswith('torchring_straggler_lag_seconds{rank="1"}'))
     assert 0.045 < float(lag.split()[-1]) < 0.055
     plain = CollectorRegistry()
-    plain.register(JobCollector(AuthenticatedStore(dist.HashStore(), JobCredentials.new()), 2))  # without a watch: as before
+    # without a watch: as before
+    plain.register(JobCollector(AuthenticatedStore(dist.HashStore(), JobCredentials.new()), 2))
     assert "straggler" not in generate_latest(plain).decode()

@@ -4,8 +4,9 @@ while hosts come and go.
 The driver owns the job's membership. It starts workers on free slots of the hosts discovery reports
 (a fixed ``-H`` pool or a script polled about every second, minus blacklisted hosts) and publishes
 *generations* in the store: for each one, every worker's rank, size and local/cross place
-(``environments.elastic`` is the worker's side). When a worker fails (or the hang detector finds it stuck or frozen, and the driver ends it), its host is blacklisted (for a
-cool-down when ``--blacklist-cooldown-range`` is given); the survivors' collectives fail, they roll
+(``environments.elastic`` is the worker's side). When a worker fails (or the hang detector finds it
+stuck or frozen, and the driver ends it), its host is blacklisted (for a cool-down when
+``--blacklist-cooldown-range`` is given); the survivors' collectives fail, they roll
 back to their last commit and join the next generation, in which replacement workers may take free
 slots. When discovery adds hosts, new workers start there, the host-set version is bumped, and the
 running workers join them at their next ``commit()``. Below ``--min-np`` the driver waits up to
@@ -35,8 +36,8 @@ from .hang_detector import HangDetector
 from .hosts import is_local_host
 from .local import terminate_groups
 from .output import OutputRelay
-from .remote_link import RemoteLink
 from .preflight import check_hosts
+from .remote_link import RemoteLink
 from .rendezvous import RendezvousServer
 from .spawner import ProcessName, Spawner
 from .ssh import SshOptions

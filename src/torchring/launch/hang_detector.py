@@ -163,7 +163,7 @@ class HangDetector:
             remote = any(isinstance(t.probe, RemoteProbe) for t in live)
             results = probe_all([t.probe for t in live if t.probe is not None],
                                 REMOTE_WAIT_S if remote else DUMP_WAIT_S)
-            for tracked, result in zip(live, results):
+            for tracked, result in zip(live, results, strict=True):
                 self._update(tracked, result, stamp)
             return [self._sample_of(t) for t in self._tracked.values()]
 

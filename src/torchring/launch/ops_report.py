@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Sequence
 
 __all__ = ["MAX_OPS_FILE_BYTES", "format_ops", "progress_mark", "rank_list", "read_ops_file"]
 

@@ -38,13 +38,13 @@ from .discovery import HostDiscovery
 from .elastic_driver import ElasticDriver, ElasticSettings
 from .flag_modes import check_flags_for_mode
 from .hang_detector import HangDetector
-from .stragglers import StragglerWatch
 from .hosts import HostSlots, assign_ranks, is_local_host, parse_hostfile, parse_hosts
-from .preflight import PreflightError, require_hosts
 from .network import address_of
+from .preflight import PreflightError, require_hosts
 from .rendezvous import ALL_INTERFACES, LOOPBACK, RendezvousServer
 from .spawner import ProcessName, Spawner, SpawnSettings
 from .ssh import SshOptions
+from .stragglers import StragglerWatch
 from .supervisor import Supervisor, Worker, report_failure
 from .tuning import add_tuning_arguments, tuning_environment
 from .worker_env import EnvironmentPlan, topology_variables

@@ -353,7 +353,7 @@ class Engine:
                 else announcement.metas
             if timeline.enabled:
                 for meta in metas:
-                    if meta.key not in self._negotiator.pending:
+                    if not timeline.negotiating(meta.name):  # also one that began before the timeline did
                         timeline.negotiate_start(meta.name, meta.op_type.value)
                     timeline.negotiate_rank_ready(meta.name, rank)
             self._negotiator.record(rank, metas)

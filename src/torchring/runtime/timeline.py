@@ -111,6 +111,10 @@ class TimelineWriter:
         """The first rank reported a request for ``name``: begin ``NEGOTIATE_<OP>``."""
         self._begin_top_level(name, "NEGOTIATE_" + op.upper(), _NEGOTIATING)
 
+    def negotiating(self, name: str) -> bool:
+        """Whether this file has ``name``'s negotiation open."""
+        return self._states.get(name) == _NEGOTIATING
+
     def negotiate_rank_ready(self, name: str, rank: int) -> None:
         """``rank`` reported its request for ``name``: an instant event named after the rank."""
         with self._lock:
@@ -343,6 +347,10 @@ class NullTimeline:
 
     def negotiate_start(self, name: str, op: str) -> None:
         """Do nothing."""
+
+    def negotiating(self, name: str) -> bool:
+        """Never."""
+        return False
 
     def negotiate_rank_ready(self, name: str, rank: int) -> None:
         """Do nothing."""

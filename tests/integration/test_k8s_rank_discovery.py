@@ -76,7 +76,19 @@ def manifests(tmp_path: Path, *extra: str) -> list[dict]:
     argv = ["--name", "probe", "--image", "registry.example.com/train:1", "--nodes", "2", "--cpus-per-node", "1",
             "--command", f"python {script}", "--checkpoint-pvc", "probe-checkpoints",
             "--env", "TORCHRING_K8S_TEST_VALUE=from-the-manifest", *extra]
-    return k8s.build_manifests(spec_from_args(build_parser().parse_args(argv)))
+    return build(argv)
+
+
+#: The ``Secret`` objects made with the manifests, by name: what ``secretKeyRef`` resolves to.
+SECRETS: dict[str, dict[str, str]] = {}
+
+
+def build(argv: list[str]) -> list[dict]:
+    """The manifests after their ``Secret``, which is kept in ``SECRETS`` for ``container_env``."""
+    secret, *objects = k8s.build_manifests(spec_from_args(build_parser().parse_args(argv)))
+    assert secret["kind"] == "Secret"
+    SECRETS[secret["metadata"]["name"]] = secret["stringData"]
+    return objects
 
 
 def the_container(template: dict) -> dict:
@@ -90,6 +102,9 @@ def container_env(container: dict, completion_index: int | None = None) -> dict[
     for entry in container["env"]:
         if "value" in entry:
             env[entry["name"]] = entry["value"]
+        elif "secretKeyRef" in entry["valueFrom"]:
+            reference = entry["valueFrom"]["secretKeyRef"]
+            env[entry["name"]] = SECRETS[reference["name"]][reference["key"]]
         else:
             assert entry["valueFrom"] == {"fieldRef": {"fieldPath": k8s.COMPLETION_INDEX_FIELD}}, entry
             assert completion_index is not None
@@ -225,7 +240,7 @@ def test_two_pods_of_the_job_layout_train_the_example(tmp_path):
     root = Path(__file__).resolve().parents[2]
     argv = ["--name", "mnist", "--image", "registry.example.com/train:1", "--nodes", "2", "--cpus-per-node", "1",
             "--command", f"python {root / 'examples' / 'mnist.py'} --epochs 1 --log-interval 100"]
-    service, job = k8s.build_manifests(spec_from_args(build_parser().parse_args(argv)))
+    service, job = build(argv)
     container = the_container(job["spec"]["template"])
     port = free_port()
     marker = uuid.uuid4().hex

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from torchring.deploy import k8s
+from torchring.deploy.k8s import render_yaml
 from torchring.deploy.k8s_cli import build_parser, main, spec_from_args
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
@@ -60,7 +61,10 @@ ELASTIC_CASES = {
 
 
 def build(argv: list[str]) -> list[dict]:
-    return k8s.build_manifests(spec_from_args(build_parser().parse_args(argv)))
+    """The manifests after the job's ``Secret`` (which ``test_the_job_secret_*`` check)."""
+    objects = k8s.build_manifests(spec_from_args(build_parser().parse_args(argv)))
+    assert objects[0]["kind"] == "Secret"
+    return objects[1:]
 
 
 def job_objects(case: str) -> list[dict]:
@@ -146,7 +150,7 @@ def test_written_files_pass_the_kubernetes_validate_command(tmp_path):
         directory = tmp_path / case
         assert main([*argv, "--output-dir", str(directory)]) == 0
         files += sorted(directory.iterdir())
-    assert len(files) == 2 * len(CASES)
+    assert len(files) == 3 * len(CASES)  # the Secret, the Service and the Job
     result = run_kubernetes_validate(*files)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count(" passed for resource ") == len(files), result.stdout
@@ -428,27 +432,30 @@ def test_stdout_is_yaml_that_reads_back_to_the_same_objects(capsys):
     argv = ["--kind", "job", *CASES["cpu-3-nodes-everything"]]
     assert main(argv) == 0
     text = capsys.readouterr().out
-    assert text.count("\n---\n") == 1
-    assert list(yaml.safe_load_all(text)) == build(argv)
+    assert text.count("\n---\n") == 2
+    secret, *objects = yaml.safe_load_all(text)
+    assert secret["kind"] == "Secret" and objects == build(argv)  # each run makes a new secret
     assert "clusterIP: None" in text
     assert main(["--kind", "pytorchjob", *CASES["gpu-1-node"]]) == 0
-    loaded = list(yaml.safe_load_all(capsys.readouterr().out))
+    loaded = list(yaml.safe_load_all(capsys.readouterr().out))[1:]
     assert loaded == pytorchjob_objects("gpu-1-node") and loaded[0]["spec"]["nprocPerNode"] == "8"
 
 
 def test_output_dir_gets_one_file_per_object(tmp_path, capsys):
     directory = tmp_path / "manifests" / "nested"
     assert main([*CASES["cpu-1-node"], "--output-dir", str(directory)]) == 0
-    assert sorted(path.name for path in directory.iterdir()) == ["job-mnist.yaml", "service-mnist.yaml"]
+    secret = "secret-mnist-torchring-secret.yaml"
+    assert sorted(path.name for path in directory.iterdir()) == ["job-mnist.yaml", secret, "service-mnist.yaml"]
     assert [yaml.safe_load((directory / "service-mnist.yaml").read_text())] == job_objects("cpu-1-node")[:1]
-    assert capsys.readouterr().out.split() == [str(directory / "service-mnist.yaml"), str(directory / "job-mnist.yaml")]
+    assert capsys.readouterr().out.split() == [str(directory / name) for name in
+                                               (secret, "service-mnist.yaml", "job-mnist.yaml")]
 
 
 def test_python_dash_m_runs_the_cli():
     result = subprocess.run([sys.executable, "-m", "torchring.deploy.k8s_cli", *CASES["cpu-1-node"]],
                             capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert result.returncode == 0, result.stderr
-    assert [obj["kind"] for obj in yaml.safe_load_all(result.stdout)] == ["Service", "Job"]
+    assert [obj["kind"] for obj in yaml.safe_load_all(result.stdout)] == ["Secret", "Service", "Job"]
 
 
 BASE = ["--name", "mnist", "--image", IMAGE]
@@ -499,3 +506,28 @@ def test_argparse_refuses_missing_or_conflicting_options(argv, message, capsys):
         main(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_job_secret_is_a_fresh_secret_that_every_pod_reads_from_it(tmp_path):
+    argv = ["--kind", "pytorchjob", *CASES["gpu-3-nodes"]]
+    first = k8s.build_manifests(spec_from_args(build_parser().parse_args(argv)))
+    second = k8s.build_manifests(spec_from_args(build_parser().parse_args(argv)))
+    secret, job = first[0], first[1]
+    assert secret["kind"] == "Secret" and secret["type"] == "Opaque"
+    assert validate_strict(secret) == KUBERNETES_VERSION
+    value = secret["stringData"]["job-secret"]
+    assert len(bytes.fromhex(value)) == 32 and value != second[0]["stringData"]["job-secret"]
+    for template in pod_templates(job).values():
+        env = {entry["name"]: entry for entry in container_of(template)["env"]}
+        assert env["TORCHRING_JOB_SECRET"] == {"name": "TORCHRING_JOB_SECRET", "valueFrom": {"secretKeyRef": {
+            "name": secret["metadata"]["name"], "key": "job-secret"}}}
+        assert env["TORCHRING_JOB_ID"]["value"] == job["metadata"]["name"]
+    assert value not in render_yaml(first[1:])  # only in the Secret
+    assert main([*argv, "--output-dir", str(tmp_path)]) == 0
+    written = next(tmp_path.glob("secret-*.yaml"))
+    assert written.stat().st_mode & 0o777 == 0o600
+
+
+def test_the_job_secret_cannot_be_set_with_env():
+    with pytest.raises(k8s.ManifestError, match="TORCHRING_JOB_SECRET"):
+        build([*CASES["gpu-3-nodes"], "--env", "TORCHRING_JOB_SECRET=00"])

@@ -10,7 +10,8 @@ Two layouts, both starting one ``torchrun`` per pod, which then starts the ranks
   ``elasticPolicy`` the c10d rendezvous variables.
 
 Every pod runs as a non-root user with a read-only root filesystem; ``/tmp``, ``/dev/shm`` and the
-optional checkpoint volume are the only writable paths.
+optional checkpoint volume are the only writable paths. A ``Secret`` made with the manifests holds the
+job's secret, which every pod reads as ``TORCHRING_JOB_SECRET`` (``k8s_secret``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from typing import Any
 
 import yaml
 
-from ..contract import ELASTIC, RANK, SIZE, STORE_ADDR, STORE_PORT, WORKER_ID, horovod_name
+from ..contract import ELASTIC, JOB_ID, JOB_SECRET, RANK, SIZE, STORE_ADDR, STORE_PORT, WORKER_ID, horovod_name
+from .k8s_secret import job_secret, new_secret_value, secret_env
 
 KINDS = ("job", "pytorchjob")
 DEFAULT_COMMAND = ("python", "examples/mnist.py")
@@ -58,7 +60,7 @@ _MAX_LABEL = 63
 RESERVED_ENV = frozenset({
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
     "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", COMPLETION_INDEX_VARIABLE, RANK, SIZE, ELASTIC, WORKER_ID,
-    STORE_ADDR, STORE_PORT, horovod_name(RANK), horovod_name(SIZE),
+    STORE_ADDR, STORE_PORT, horovod_name(RANK), horovod_name(SIZE), JOB_ID, JOB_SECRET,
 })
 RESERVED_ENV_PREFIXES = ("PET_", "TORCHELASTIC_")
 
@@ -316,6 +318,7 @@ def container_env(spec: K8sJobSpec) -> list[dict[str, Any]]:
         defaults["TORCHRING_CHECKPOINT_DIR"] = CHECKPOINT_MOUNT
     env.extend({"name": name, "value": value} for name, value in defaults.items() if name not in given)
     env.extend({"name": name, "value": value} for name, value in spec.env)
+    env.extend(secret_env(spec.name))
     return env
 
 
@@ -459,12 +462,14 @@ def pytorchjob(spec: K8sJobSpec) -> dict[str, Any]:
     return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": metadata(spec), "spec": job_spec}
 
 
-def build_manifests(spec: K8sJobSpec) -> list[dict[str, Any]]:
-    """The objects to apply, in order: ``[Service, Job]`` or ``[PyTorchJob]``."""
+def build_manifests(spec: K8sJobSpec, secret: str | None = None) -> list[dict[str, Any]]:
+    """The objects to apply, in order: ``[Secret, Service, Job]`` or ``[Secret, PyTorchJob]``; the
+    ``Secret`` holds the job's secret (``secret``, or a fresh one; see ``k8s_secret``)."""
     validate_spec(spec)
+    objects = [job_secret(spec.name, labels(spec), secret or new_secret_value())]
     if spec.kind == "job":
-        return [headless_service(spec), indexed_job(spec)]
-    return [pytorchjob(spec)]
+        return [*objects, headless_service(spec), indexed_job(spec)]
+    return [*objects, pytorchjob(spec)]
 
 
 def render_yaml(objects: Sequence[dict[str, Any]]) -> str:

@@ -135,6 +135,9 @@ def run_k8s(args: argparse.Namespace) -> int:
         directory.mkdir(parents=True, exist_ok=True)
         for obj in objects:
             path = directory / manifest_file_name(obj)
+            if obj["kind"] == "Secret":  # only its owner may read the job's secret
+                path.touch(mode=0o600)
+                path.chmod(0o600)
             path.write_text(render_yaml([obj]), encoding="utf-8")
             print(path)
     except OSError as error:

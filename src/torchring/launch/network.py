@@ -1,4 +1,5 @@
-"""This host's network interfaces: which address each has, and which interface holds an address."""
+"""This host's network interfaces: which address each has, which interface holds an address, and which
+address the routes use towards another host."""
 
 from __future__ import annotations
 
@@ -20,6 +21,17 @@ def interface_addresses() -> dict[str, str]:
                 continue
         addresses[name] = socket.inet_ntoa(packed[20:24])
     return addresses
+
+
+def route_source(address: str) -> str | None:
+    """This host's source address for packets to ``address`` (what the kernel's routes pick; nothing is
+    sent), None when there is no route or ``address`` is not an IPv4 address."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((address, 9))
+            return probe.getsockname()[0]
+        except OSError:
+            return None
 
 
 def interface_of(address: str) -> str | None:

@@ -28,7 +28,8 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..contract import METRICS_PUBLISH
@@ -39,11 +40,11 @@ from .elastic_driver import ElasticDriver, ElasticSettings
 from .flag_modes import check_flags_for_mode
 from .hang_detector import HangDetector
 from .hosts import HostSlots, assign_ranks, is_local_host, parse_hostfile, parse_hosts
-from .network import address_of
+from .network import address_of, route_source
 from .preflight import PreflightError, require_hosts
 from .rendezvous import ALL_INTERFACES, LOOPBACK, RendezvousServer
 from .spawner import ProcessName, Spawner, SpawnSettings
-from .ssh import SshOptions
+from .ssh import SshOptions, destination_address
 from .stragglers import StragglerWatch
 from .supervisor import Supervisor, Worker, report_failure
 from .tuning import add_tuning_arguments, tuning_environment
@@ -241,14 +242,27 @@ def _metrics_address(address: str | None) -> str:
     return (address or DEFAULT_METRICS_ADDRESS).strip()
 
 
-def store_bind_address(config: RunConfig, remote: bool) -> str:
-    """Where the job's store listens: loopback when every rank is on this host (``remote`` False), the
-    address of ``--network-interface`` when exactly one is given, else every interface."""
-    if not remote:
+def store_bind_address(config: RunConfig, remote_hosts: Sequence[str] | None) -> str:
+    """Where the job's store listens: loopback when every rank is on this host (``remote_hosts`` empty),
+    the address of ``--network-interface`` when exactly one is given, else the address this host's routes
+    use towards every remote host when that is one address; else (several, unknown: an elastic job with a
+    discovery script, ``remote_hosts`` None) every interface."""
+    if remote_hosts is not None and not remote_hosts:
         return LOOPBACK
     if len(config.network_interfaces) == 1:
         return address_of(config.network_interfaces[0])
-    return ALL_INTERFACES
+    if remote_hosts is None or len(config.network_interfaces) > 1:
+        return ALL_INTERFACES
+    with ThreadPoolExecutor(max_workers=min(32, len(remote_hosts))) as pool:
+        destinations = list(pool.map(lambda host: destination_address(host, config.ssh), remote_hosts))
+    sources = {route_source(address) if address else None for address in destinations}
+    source = sources.pop() if len(sources) == 1 else None
+    return source if source and not source.startswith("127.") else ALL_INTERFACES
+
+
+def _local_store_address(bind: str) -> str:
+    """Where ranks on this host find the store: the address it listens on, or loopback."""
+    return LOOPBACK if bind in (LOOPBACK, ALL_INTERFACES) else bind
 
 
 def _hang_timeout(value: float | None) -> float:
@@ -317,14 +331,15 @@ def run_job(config: RunConfig, with_store: Callable[[AuthenticatedStore], None] 
     passes a function and collects results through them)."""
     assignments = assign_ranks(config.hosts, config.num_proc)
     remote_hosts = list(dict.fromkeys(slot.hostname for slot in assignments if not is_local_host(slot.hostname)))
-    server = RendezvousServer(store_bind_address(config, bool(remote_hosts)), config.port)
+    server = RendezvousServer(store_bind_address(config, remote_hosts), config.port)
     stack_dir = tempfile.mkdtemp(prefix="torchring-stack-dumps-")
     stragglers = StragglerWatch(_log)
     try:
         if with_store is not None:
             with_store(server.auth)
         metrics_env = _serve_metrics(config, server.auth, config.num_proc, stragglers)
-        spawner = Spawner(spawn_settings(config, metrics_env, stack_dir), server.port, server.credentials, log=_log)
+        spawner = Spawner(spawn_settings(config, metrics_env, stack_dir), server.port, server.credentials, log=_log,
+                          local_store_address=_local_store_address(server.bind))
         if remote_hosts:
             spawner.add_reports(require_hosts(remote_hosts, server.port, config.network_interfaces, config.ssh,
                                               _log if config.verbose else None))
@@ -376,13 +391,14 @@ def run_elastic_job(config: RunConfig) -> int:
         discovery = HostDiscovery(script=config.discovery_script, slots_per_host=config.slots_per_host)
     else:
         discovery = HostDiscovery(fixed=config.hosts, slots_per_host=config.slots_per_host)
-    remote = bool(config.discovery_script) or any(not is_local_host(h.hostname) for h in config.hosts)
+    remote = None if config.discovery_script else [h.hostname for h in config.hosts if not is_local_host(h.hostname)]
     server = RendezvousServer(store_bind_address(config, remote), config.port)
     stack_dir = tempfile.mkdtemp(prefix="torchring-stack-dumps-")
     try:
         spawner = Spawner(spawn_settings(config, _serve_metrics(config, server.auth,
                                                                 min(config.elastic.max_np, 4096)), stack_dir),
-                          server.port, server.credentials, log=_log)
+                          server.port, server.credentials, log=_log,
+                          local_store_address=_local_store_address(server.bind))
     except BaseException:
         server.close()
         shutil.rmtree(stack_dir, ignore_errors=True)

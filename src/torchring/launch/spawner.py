@@ -119,9 +119,11 @@ class Spawner:
     """Starts the job's processes; ``reports`` holds the preflight report of every remote host used."""
 
     def __init__(self, settings: SpawnSettings, store_port: int, credentials: JobCredentials | None = None,
-                 log: Callable[[str], None] | None = None) -> None:
+                 log: Callable[[str], None] | None = None, local_store_address: str = "127.0.0.1") -> None:
         self.settings = settings
         self.store_port = store_port
+        #: Where processes on this host find the store (the address it listens on, when not every one).
+        self.local_store_address = local_store_address
         #: The job's id and secret, which every process gets (the store's server made them).
         self.credentials = credentials or JobCredentials.new()
         self.job_id = self.credentials.job_id
@@ -159,10 +161,10 @@ class Spawner:
             report = self.reports.get(host)
             if report is None or report.launcher_address is None:
                 raise RuntimeError(f"host {host} has not passed preflight; no process can start there")
-        store_host = report.launcher_address if report is not None else "127.0.0.1"
+        store_host = report.launcher_address if report is not None else self.local_store_address
         interface = report.interface if report is not None else self._local_interface
         base = self.settings.environment.base(placement, interface)
-        env = rank_environment(base, variables, store_host or "127.0.0.1", self.store_port, local_size,
+        env = rank_environment(base, variables, store_host or self.local_store_address, self.store_port, local_size,
                                cpus=report.cpus if report is not None else None, credentials=self.credentials)
         files = self._stack_files(name) if placement is Placement.LOCAL else None
         if files is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import socket
 import subprocess
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -166,6 +167,23 @@ def preflight_problems(reports: Mapping[str, HostReport], local: tuple[str, str 
                             "choose the interface the hosts share with --network-interface, or open that port "
                             "in the firewall")
     return problems
+
+
+def destination_address(host: str, options: SshOptions) -> str | None:
+    """The IPv4 address ``ssh host`` connects to (``ssh -G`` applies the user's ssh config, e.g. a
+    ``HostName`` alias), None when it cannot tell or the connection goes through a proxy."""
+    argv = ["ssh", "-G", *(["-p", str(options.port)] if options.port is not None else []), host]
+    try:
+        result = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    config = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
+    if result.returncode != 0 or config.get("proxyjump", "none") != "none" or "proxycommand" in config:
+        return None
+    try:
+        return socket.getaddrinfo(config.get("hostname", host), None, socket.AF_INET)[0][4][0]
+    except (OSError, IndexError):
+        return None
 
 
 def spawn_remote(host: str | None, python: str, options: SshOptions) -> subprocess.Popen:

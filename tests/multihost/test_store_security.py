@@ -1,6 +1,7 @@
 """The job's store across hosts: it listens only on the address the hosts reach this one at (with a
-rank on this host that still finds it), and a forged record written from another host of the cluster
-changes nothing: the summary still blames the rank that failed."""
+rank on this host that still finds it), the job's secret is on no command line of any host, and a
+record forged from another host of the cluster changes nothing: the summary still blames the rank that
+failed."""
 
 from __future__ import annotations
 
@@ -42,6 +43,8 @@ def test_the_store_listens_where_the_hosts_reach_it_and_forged_records_change_no
         job.wait_for(rf"\[{rank}\]<stdout>:ready")
     try:
         assert _listening(port) == [GATEWAY]  # the bridge address h1 and h2 reach; the local rank found it too
+        secret = _secret_of(_pid_of_rank(cluster, "h1"))
+        assert len(secret) == 64 and not any(secret in command for command in _command_lines())
         forged = cluster.run_on("h3", sys.executable, "-c", FORGE, GATEWAY, str(port))
         assert forged.returncode == 0 and "forged" in forged.stdout, forged.stderr
         os.kill(_pid_of_rank(cluster, "h2"), signal.SIGKILL)
@@ -53,6 +56,25 @@ def test_the_store_listens_where_the_hosts_reach_it_and_forged_records_change_no
     assert "forged" not in stderr.split("torchring run: rank 2")[1], stderr
     assert "ignoring the value of 'torchring/peer_failure/2'" in stderr, stderr
     assert_hosts_empty(cluster)
+
+
+def _secret_of(pid: int) -> str:
+    """The job secret a rank was started with (its initial environment, as /proc keeps it)."""
+    environment = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+    return next(entry.split(b"=", 1)[1].decode() for entry in environment
+                if entry.startswith(b"TORCHRING_JOB_SECRET="))
+
+
+def _command_lines() -> list[str]:
+    """Every process's command line on this machine (the cluster's hosts included)."""
+    lines = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                lines.append(open(f"/proc/{entry}/cmdline", "rb").read().decode(errors="replace"))
+            except OSError:
+                continue
+    return lines
 
 
 def _pid_of_rank(cluster, host: str) -> int:

@@ -1,5 +1,5 @@
-"""The elastic launcher's pieces that need no job: discovery output, the blacklist, rank assignment,
-and the elastic flags."""
+"""The elastic launcher's pieces that need no job: discovery output, the blacklist, the failure policy
+(replace a worker or blacklist its host), rank assignment, and the elastic flags."""
 
 import argparse
 import subprocess
@@ -9,6 +9,7 @@ import pytest
 from torchring.environments.elastic import format_assignment, parse_assignment
 from torchring.launch.discovery import Blacklist, HostDiscovery, parse_discovery_output
 from torchring.launch.elastic_driver import ElasticWorker, assign_generation
+from torchring.launch.failure_policy import FailurePolicy
 from torchring.launch.hosts import HostSpecError
 from torchring.launch.run import add_run_arguments, config_from_args
 
@@ -44,6 +45,43 @@ def test_blacklist_for_good_and_with_cooldown():
 
 def worker(worker_id, host, slot):
     return ElasticWorker(worker_id, host, slot, process=subprocess.Popen(["true"]), relays=(None, None), remote=True)
+
+
+def test_a_failed_worker_whose_host_answers_is_replaced_until_failures_repeat_within_the_window():
+    now = [0.0]
+    policy = FailurePolicy(Blacklist(clock=lambda: now[0]), max_failures=3, window_s=60.0, clock=lambda: now[0])
+    first = policy.decide("a", unreachable=None, joined=True)
+    assert not first.blacklisted and first.text.startswith("replacing it on a (a still answers; 1 failure(s)")
+    now[0] = 50.0
+    assert not policy.decide("a", None, True).blacklisted and not policy.blacklist.blocks("a")
+    now[0] = 70.0  # the first failure is out of the window: still two within it
+    assert not policy.decide("a", None, True).blacklisted
+    now[0] = 80.0
+    third = policy.decide("a", None, True)
+    assert third.blacklisted and third.text == "a blacklisted for good (3 failures there within 60 s)"
+    assert policy.blacklist.blocks("a") and not policy.decide("b", None, True).blacklisted
+
+
+def test_an_unreachable_host_or_one_where_workers_never_joined_is_blacklisted_with_the_cooldown():
+    now = [0.0]
+    policy = FailurePolicy(Blacklist(cooldown_range_s=(5.0, 5.0), clock=lambda: now[0]), clock=lambda: now[0])
+    lost = policy.decide("a", unreachable="lost its SSH connection (ssh exited with 255)", joined=True)
+    assert lost.blacklisted and lost.text == "a blacklisted for 5 s (unreachable)"
+    never = policy.decide("b", unreachable=None, joined=False)
+    assert never.blacklisted and never.text.startswith("b blacklisted for 5 s (its worker never joined a generation")
+    now[0] = 5.0
+    assert not policy.blacklist.blocks("a") and not policy.decide("a", None, True).blacklisted  # afresh
+
+
+def test_a_worker_is_unreachable_when_its_ssh_client_exits_with_255_or_its_link_is_cut_off():
+    remote = worker("w0", "a", 0)
+    remote.returncode = 255
+    assert remote.unreachable() == "lost its SSH connection (ssh exited with 255)"
+    remote.returncode = 128 + 9  # killed by SIGKILL, its remote supervisor said so: the host answers
+    assert remote.unreachable() is None
+    local = ElasticWorker("w1", "localhost", 0, process=subprocess.Popen(["true"]), relays=(None, None), remote=False,
+                          returncode=255)
+    assert local.unreachable() is None
 
 
 def test_ranks_follow_host_order_then_slot():

@@ -5,11 +5,12 @@ The driver owns the job's membership. It starts workers on free slots of the hos
 (a fixed ``-H`` pool or a script polled about every second, minus blacklisted hosts) and publishes
 *generations* in the store: for each one, every worker's rank, size and local/cross place
 (``environments.elastic`` is the worker's side). When a worker fails (or the hang detector finds it
-stuck or frozen, and the driver ends it), its host is blacklisted (for a cool-down when
-``--blacklist-cooldown-range`` is given); the survivors' collectives fail, they roll
-back to their last commit and join the next generation, in which replacement workers may take free
-slots. When discovery adds hosts, new workers start there, the host-set version is bumped, and the
-running workers join them at their next ``commit()``. Below ``--min-np`` the driver waits up to
+stuck or frozen, and the driver ends it), ``FailurePolicy`` decides: a new worker takes its slot while
+its host still answers, or its host is blacklisted (unreachable, workers failing to start there, repeated
+failures; for a cool-down when ``--blacklist-cooldown-range`` is given). The survivors' collectives fail,
+they roll back to their last commit and join the next generation with the replacement workers. When
+discovery adds hosts, new workers start there, the host-set version is bumped, and the running workers
+join them at their next ``commit()``. Below ``--min-np`` the driver waits up to
 ``--elastic-timeout`` for hosts, then ends every worker with an error. Every membership change is
 logged with the time, the old and new size and the reason; ``--reset-limit`` bounds the resets.
 
@@ -32,6 +33,7 @@ from ..contract import ELASTIC_GENERATION_KEY, HOSTS_VERSION_KEY, elastic_arrive
 from ..environments.base import RankInfo
 from ..environments.elastic import format_assignment
 from .discovery import Blacklist, HostDiscovery
+from .failure_policy import FailurePolicy
 from .hang_detector import HangDetector
 from .hosts import is_local_host
 from .local import terminate_groups
@@ -41,7 +43,7 @@ from .remote_link import RemoteLink
 from .rendezvous import RendezvousServer
 from .spawner import ProcessName, Spawner
 from .ssh import SshOptions
-from .supervisor import describe_returncode
+from .supervisor import SSH_CONNECTION_FAILED, describe_returncode
 from .worker_env import elastic_variables
 
 
@@ -76,6 +78,8 @@ class ElasticWorker:
     link: RemoteLink | None = None
     #: Set when the driver ended it because the hang detector found it stuck or frozen: a failed worker.
     hang_reason: str | None = None
+    #: Its rank in each generation that gave it one (generation -> rank).
+    ranks: dict[int, int] = field(default_factory=dict)
 
     @property
     def number(self) -> int:
@@ -91,6 +95,14 @@ class ElasticWorker:
     @property
     def alive(self) -> bool:
         return self.returncode is None
+
+    def unreachable(self) -> str | None:
+        """Why its host cannot be reached (its link cut off, its ssh client exited with 255), else None."""
+        if self.link is not None and self.link.lost_reason:
+            return self.link.lost_reason
+        if self.remote and self.returncode == SSH_CONNECTION_FAILED:
+            return describe_returncode(self.returncode, self.remote)
+        return None
 
 
 @dataclass
@@ -140,6 +152,7 @@ class ElasticDriver:
         self.verbose = verbose
         self.log = log or (lambda message: print(f"torchring run: {message}", file=sys.stderr, flush=True))
         self.blacklist = Blacklist(settings.cooldown_range_s)
+        self.policy = FailurePolicy(self.blacklist)
         self.workers: list[ElasticWorker] = []
         self.generation = -1
         self.hosts_version = 0
@@ -219,7 +232,7 @@ class ElasticDriver:
             free = self._free_slots(available)
             target = min(self.settings.max_np, len(self.live) + len(free))
             wants_growth = target > len(self.live)
-            if change.reasons or wants_growth or self.generation < 0 or below_min_since is not None:
+            if change.reasons or wants_growth or self.generation < 0 or below_min_since is not None or not self.live:
                 needed, flag = self._needed()
                 if self.detector is not None:
                     self.detector.note_progress()  # a membership change or a wait for hosts is not a hang
@@ -264,13 +277,18 @@ class ElasticDriver:
             worker.returncode = returncode
             if returncode == 0 or worker.removed:
                 continue
-            cooldown = self.blacklist.add(worker.host)
-            until = "for good" if cooldown is None else f"for {cooldown:.0f} s"
+            decision = self.policy.decide(worker.host, worker.unreachable(), self._joined(worker))
             tail = worker.relays[1].tail
             last = f"; last stderr: {tail[-1].strip()}" if tail else ""
-            change.add(f"worker {worker.worker_id} on {worker.host} {worker.ended_how()}"
-                       f"{last}; {worker.host} blacklisted {until}", True)
+            reason = f"worker {worker.worker_id} on {worker.host} {worker.ended_how()}{last}; {decision.text}"
+            change.add(reason, True)
         return change
+
+    def _joined(self, worker: ElasticWorker) -> bool:
+        """Whether ``worker`` ever arrived in a generation (got through start-up as far as ``hvd.init()``)."""
+        store = self.server.auth
+        return any(store.get(elastic_arrived_key(generation, rank), max_bytes=16) is not None
+                   for generation, rank in worker.ranks.items())
 
     def _end_stuck_workers(self) -> None:
         """The hang detector's verdict: end the stuck or frozen workers; ``_reap`` then handles them as failed
@@ -349,8 +367,10 @@ class ElasticDriver:
         self.generation += 1
         assignments = assign_generation(live, self._host_order)
         store = self.server.auth
-        for worker_id, info in assignments.items():
-            store.set(elastic_assignment_key(self.generation, worker_id), format_assignment(info))
+        for worker in live:
+            info = assignments[worker.worker_id]
+            worker.ranks[self.generation] = info.rank
+            store.set(elastic_assignment_key(self.generation, worker.worker_id), format_assignment(info))
         if self.ranks_to_show is not None:
             for worker in live:
                 for relay in worker.relays:

@@ -97,10 +97,11 @@ class ElasticWorker:
         return self.returncode is None
 
     def unreachable(self) -> str | None:
-        """Why its host cannot be reached (its link cut off, its ssh client exited with 255), else None."""
+        """Why its host cannot be reached (its link cut off, its ssh client exited with 255 by itself), else
+        None. A worker the driver ended (``hang_reason``) had its ssh client killed, which exits with 255 too."""
         if self.link is not None and self.link.lost_reason:
             return self.link.lost_reason
-        if self.remote and self.returncode == SSH_CONNECTION_FAILED:
+        if self.remote and self.returncode == SSH_CONNECTION_FAILED and self.hang_reason is None:
             return describe_returncode(self.returncode, self.remote)
         return None
 

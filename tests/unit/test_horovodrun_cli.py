@@ -61,3 +61,31 @@ def test_a_bad_flag_value_is_one_line(capsys, no_job_starts, main, argv, prog):
     assert exit_info.value.code == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"{prog}: error: argument -np/--num-proc: invalid int value: 'abc'"), line
+
+
+def test_slots_per_host_help_is_a_whole_sentence():
+    action = next(a for a in cli.build_parser().get_default("run_parser")._actions
+                  if "--slots-per-host" in a.option_strings)
+    assert action.help.endswith("without a slot count (default 1)")
+
+
+def test_bench_train_help_shows_every_default(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for flag in ("--batch-size", "--warmup-batches", "--batches-per-round", "--rounds", "--threads"):
+        assert text.split(f"{flag} ")[-1].split("--")[0].count("default"), flag
+
+
+def test_json_results_are_readable_by_others(tmp_path):
+    import os
+    import stat
+
+    from torchring.bench.results import write_json_atomic
+
+    previous = os.umask(0o022)
+    try:
+        write_json_atomic(tmp_path / "r.json", {"a": 1})
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "r.json").stat().st_mode) == 0o644

@@ -10,16 +10,15 @@ from .bench.cli import BenchJobError, BenchUsageError, add_bench_arguments, run_
 from .deploy.k8s_cli import add_k8s_arguments, run_k8s
 from .diagnostics.doctor_cli import add_doctor_arguments, run_doctor
 from .diagnostics.timeline_cli import add_timeline_arguments, run_timeline
-from .launch.check_build import check_build_report
-from .launch.config_file import ConfigFileError, apply_config_file
 from .launch.dump import add_dump_arguments, run_dump
 from .launch.hosts import HostSpecError
-from .launch.run import PreflightError, add_run_arguments, config_from_args, run_elastic_job, run_job
+from .launch.run import add_run_arguments
+from .launch.run_cli import OneLineErrorParser, run_command
 from .version import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="torchring", description="Distributed PyTorch training, Horovod style.")
+    parser = OneLineErrorParser(prog="torchring", description="Distributed PyTorch training, Horovod style.")
     parser.add_argument("--version", action="version", version=f"torchring {__version__}")
     commands = parser.add_subparsers(dest="subcommand", metavar="COMMAND")
     run = commands.add_parser("run", help="start a training job's ranks",
@@ -65,11 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == ["run"]:
-        try:
-            apply_config_file(parser.get_default("run_parser"), arguments[1:])
-        except ConfigFileError as error:
-            print(f"torchring run: error: {error}", file=sys.stderr)
-            return 2
+        return run_command(parser.get_default("run_parser"), arguments[1:], "torchring run")
     args = parser.parse_args(arguments)
     if args.subcommand is None:
         parser.print_help()
@@ -84,21 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_timeline(args)
     if args.subcommand == "k8s":
         return run_k8s(args)
-    if args.check_build:
-        print(check_build_report())
-        return 0
-    try:
-        config = config_from_args(args)
-        return run_elastic_job(config) if config.elastic is not None else run_job(config)
-    except (HostSpecError, ValueError) as error:
-        print(f"torchring run: error: {error}", file=sys.stderr)
-        return 2
-    except PreflightError as error:
-        print(f"torchring run: {error}", file=sys.stderr)
-        return 1
-    except OSError as error:
-        print(f"torchring run: error: {error}", file=sys.stderr)
-        return 1
+    parser.print_help()
+    return 2
 
 
 if __name__ == "__main__":

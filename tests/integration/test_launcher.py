@@ -11,6 +11,7 @@ import time
 import pytest
 
 from torchring import cli
+from torchring.launch import run_cli
 
 from .jobs import JobResult, processes_with_marker, python_script, run_job, start_job, wait_until_gone
 
@@ -63,7 +64,8 @@ def test_failing_rank_ends_job_with_summary_and_no_leftovers():
     result = run_job("run", "-np", "3", *python_script("exit_code.py"))
     assert result.returncode == 3
     assert "rank 1" in result.stderr and "exited with code 3" in result.stderr
-    assert "rank 1 failing on purpose" in result.stderr.split("Last lines of rank 1's stderr:")[1]
+    summary = result.stderr.split("torchring run: rank 1 ")[1]
+    assert "its last line: rank 1 failing on purpose" in summary
     children = [int(pid) for pid in re.findall(r"started child (\d+)", result.stdout)]
     assert len(children) == 3
     assert wait_until_gone(result.marker) == []
@@ -106,8 +108,8 @@ def no_job_starts(monkeypatch):
     def no_job(config):
         raise AssertionError(f"a job was started: {config}")
 
-    monkeypatch.setattr(cli, "run_job", no_job)
-    monkeypatch.setattr(cli, "run_elastic_job", no_job)
+    monkeypatch.setattr(run_cli, "run_job", no_job)
+    monkeypatch.setattr(run_cli, "run_elastic_job", no_job)
 
 
 @pytest.mark.parametrize("args,message", [

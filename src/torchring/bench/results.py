@@ -14,6 +14,7 @@ def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
     target = Path(path)
     handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
     try:
+        os.fchmod(handle, 0o666 & ~_umask())
         with os.fdopen(handle, "w") as stream:
             json.dump(data, stream, indent=2)
             stream.write("\n")
@@ -21,6 +22,13 @@ def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    """The process's umask (read by setting it and putting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def read_json(path: str | os.PathLike[str]) -> Any:

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from .failure_hints import hints_for
 from .hang_detector import HangDetector, HangVerdict
 from .local import terminate_groups
 from .output import OutputRelay
@@ -33,6 +34,11 @@ class Worker:
     def stderr_tail(self) -> list[str]:
         return list(self.relays[1].tail)
 
+    @property
+    def stderr_shown(self) -> bool:
+        """Whether its stderr lines reached the console (not filtered out by ``--ranks``)."""
+        return self.relays[1].show
+
     def ended_how(self) -> str:
         """How it ended, in words (its host cut off, or its exit code)."""
         lost = self.link.lost_reason if self.link is not None else None
@@ -50,6 +56,8 @@ class Failure:
     reason: str
     #: Other ranks that failed because of this one: (rank, how it ended, what it recorded).
     consequences: list[tuple[int, str, str]] = field(default_factory=list)
+    #: Other ranks that failed on their own (they recorded no failed peer): (rank, how it ended).
+    independent: list[tuple[int, str]] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
@@ -150,9 +158,11 @@ class Supervisor:
         verdict = self.detector.blame_after_failure(root.rank) if self.detector is not None else None
         if verdict is not None:
             return self._hang_failure(verdict, failed)
-        consequences = [(w.rank, w.ended_how(), causes[w.rank] or "") for w in failed if w is not root]
+        others = [w for w in failed if w is not root]
+        consequences = [(w.rank, w.ended_how(), causes[w.rank] or "") for w in others if causes[w.rank]]
+        independent = [(w.rank, w.ended_how()) for w in others if not causes[w.rank]]
         return Failure(root.rank, root.hostname, None if root.remote else root.process.pid, code,
-                       root.ended_how(), consequences)
+                       root.ended_how(), consequences, independent)
 
     def _hang_failure(self, verdict: HangVerdict, failed: Sequence[Worker] = ()) -> Failure:
         """The failure a hang verdict describes: its first rank, and the failed ranks as consequences."""
@@ -169,7 +179,8 @@ class Supervisor:
 
 
 def report_failure(failure: Failure, workers: Sequence[Worker], stream=None) -> None:
-    """Print which rank failed, how, and its last stderr lines."""
+    """Print which rank failed, how, the ranks that failed with it, its stderr (its last line when the
+    console already showed the rest) and hints for errors it recognises."""
     stream = stream or sys.stderr
     others = len(workers) - 1
     if failure.rank is None:
@@ -178,14 +189,21 @@ def report_failure(failure: Failure, workers: Sequence[Worker], stream=None) -> 
     stopped = "; stopped the other rank" if others == 1 else f"; stopped the other {others} ranks" if others else ""
     where = f"pid {failure.pid} on {failure.hostname}" if failure.pid is not None else f"on {failure.hostname}"
     print(f"torchring run: rank {failure.rank} ({where}) {failure.reason}{stopped}.", file=stream)
+    for rank, ended in failure.independent:
+        print(f"  rank {rank} {ended} too, on its own (it recorded no failure of another rank)", file=stream)
     for rank, ended, cause in failure.consequences:
-        print(f"  rank {rank} {ended} as a consequence ({cause or 'no reason recorded'})", file=stream)
+        print(f"  rank {rank} {ended} as a consequence ({cause})", file=stream)
     worker = next(w for w in workers if w.rank == failure.rank)
     tail = worker.stderr_tail
-    if tail:
+    if not tail:
+        print(f"Rank {failure.rank} wrote nothing to stderr.", file=stream)
+    elif worker.stderr_shown:
+        print(f"Rank {failure.rank}'s stderr is above (lines starting [{failure.rank}]<stderr>:); its last line: "
+              f"{tail[-1].strip()}", file=stream)
+    else:
         print(f"Last lines of rank {failure.rank}'s stderr:", file=stream)
         for line in tail:
             print(f"    {line}", file=stream)
-    else:
-        print(f"Rank {failure.rank} wrote nothing to stderr.", file=stream)
+    for hint in hints_for(tail):
+        print(f"torchring run: hint: {hint}.", file=stream)
     stream.flush()

@@ -1,0 +1,91 @@
+"""``horovodrun`` is ``torchring run --horovod-compat`` under horovodrun's name, and the launcher's
+command-line errors are one line; checked in-process (no job starts)."""
+
+import pytest
+
+from torchring import cli
+from torchring.launch import horovodrun, run_cli
+
+
+@pytest.fixture
+def no_job_starts(monkeypatch):
+    def no_job(config):
+        raise AssertionError(f"a job was started: {config}")
+
+    monkeypatch.setattr(run_cli, "run_job", no_job)
+    monkeypatch.setattr(run_cli, "run_elastic_job", no_job)
+
+
+def test_help_says_it_is_torchrings_horovodrun(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        horovodrun.main(["--help"])
+    assert exit_info.value.code == 0
+    assert "torchring's horovodrun" in capsys.readouterr().out
+
+
+def test_it_takes_every_torchring_run_flag_and_implies_horovod_compat():
+    run_flags = {flag for action in cli.build_parser().get_default("run_parser")._actions
+                 for flag in action.option_strings}
+    parser = horovodrun.build_parser()
+    flags = {flag for action in parser._actions for flag in action.option_strings}
+    assert run_flags <= flags and {"--gloo", "--network-interfaces", "--mpi", "--jsrun"} <= flags
+    args = parser.parse_args(["-np", "4", "-H", "localhost:4", "-p", "2222", "--start-timeout", "5", "--gloo",
+                              "--network-interfaces", "eth0,eth1", "python", "train_hvd.py", "--mpi"])
+    assert args.horovod_compat and args.command == ["python", "train_hvd.py", "--mpi"] and not args.mpi
+    horovodrun._horovodrun_flags(args)
+    assert args.network_interface == ["eth0", "eth1"]
+
+
+def test_a_horovodrun_job_gets_the_shim(monkeypatch):
+    started = []
+    monkeypatch.setattr(run_cli, "run_job", lambda config: started.append(config) or 0)
+    assert horovodrun.main(["-np", "2", "-H", "localhost:2", "python", "train_hvd.py"]) == 0
+    (config,) = started
+    assert config.horovod_compat and config.num_proc == 2 and config.command == ["python", "train_hvd.py"]
+
+
+@pytest.mark.parametrize("flag", ["--mpi", "--jsrun"])
+def test_mpi_and_jsrun_are_refused_with_what_to_do(capsys, no_job_starts, flag):
+    assert horovodrun.main(["-np", "2", flag, "python", "train.py"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"horovodrun: error: {flag}: torchring starts its ranks itself") and "leave" in line
+
+
+@pytest.mark.parametrize("main, argv, prog", [
+    (cli.main, ["run", "-np", "abc", "python", "train.py"], "torchring run"),
+    (horovodrun.main, ["-np", "abc", "python", "train.py"], "horovodrun"),
+])
+def test_a_bad_flag_value_is_one_line(capsys, no_job_starts, main, argv, prog):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"{prog}: error: argument -np/--num-proc: invalid int value: 'abc'"), line
+
+
+def test_slots_per_host_help_is_a_whole_sentence():
+    action = next(a for a in cli.build_parser().get_default("run_parser")._actions
+                  if "--slots-per-host" in a.option_strings)
+    assert action.help.endswith("without a slot count (default 1)")
+
+
+def test_bench_train_help_shows_every_default(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for flag in ("--batch-size", "--warmup-batches", "--batches-per-round", "--rounds", "--threads"):
+        assert text.split(f"{flag} ")[-1].split("--")[0].count("default"), flag
+
+
+def test_json_results_are_readable_by_others(tmp_path):
+    import os
+    import stat
+
+    from torchring.bench.results import write_json_atomic
+
+    previous = os.umask(0o022)
+    try:
+        write_json_atomic(tmp_path / "r.json", {"a": 1})
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "r.json").stat().st_mode) == 0o644

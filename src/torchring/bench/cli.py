@@ -48,15 +48,18 @@ def _add_hosts(parser: argparse.ArgumentParser) -> None:
 def _add_train_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = TrainOptions()
     parser.add_argument("--model", choices=list(MODELS), default=defaults.model, help="model to train (default mlp)")
-    parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help=f"batch size per rank (default {defaults.batch_size})")
+    parser.add_argument("--batch-size", type=int, default=defaults.batch_size,
+                        help=f"batch size per rank (default {defaults.batch_size})")
     parser.add_argument("--warmup-batches", type=int, default=defaults.warmup_batches,
                         help=f"untimed batches at the start of every round (default {defaults.warmup_batches})")
     parser.add_argument("--batches-per-round", type=int, default=defaults.batches_per_round,
                         help=f"timed batches per framework and round (default {defaults.batches_per_round})")
-    parser.add_argument("--rounds", type=int, default=defaults.rounds, help=f"rounds (one sample each; default {defaults.rounds})")
+    parser.add_argument("--rounds", type=int, default=defaults.rounds,
+                        help=f"rounds (one sample each; default {defaults.rounds})")
     parser.add_argument("--threads", type=int, default=defaults.threads,
                         help=f"torch threads per rank (also OMP_NUM_THREADS; default {defaults.threads})")
-    parser.add_argument("--seed", type=int, default=defaults.seed, help=f"seed of the weights and synthetic data (default {defaults.seed})")
+    parser.add_argument("--seed", type=int, default=defaults.seed,
+                        help=f"seed of the weights and synthetic data (default {defaults.seed})")
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:

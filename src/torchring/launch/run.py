@@ -122,8 +122,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     elastic = parser.add_argument_group("elastic training (any of --min-np, --max-np, --host-discovery-script)")
     elastic.add_argument("--min-np", type=int, help="fewest workers the job runs with (default: -np)")
     elastic.add_argument("--max-np", type=int, help="most workers the job grows to (default: -np, or no limit)")
-    elastic.add_argument("--slots-per-host", type=int, help="slots of each host the discovery script lists without a slot count "
-                                                             "(default 1)")
+    elastic.add_argument("--slots-per-host", type=int,
+                         help="slots of each host the discovery script lists without a slot count (default 1)")
     elastic.add_argument("--host-discovery-script", help="program printing the usable hosts, one host[:slots] a line")
     elastic.add_argument("--reset-limit", type=int, help="most membership changes (resets) the job may go through")
     elastic.add_argument("--blacklist-cooldown-range", type=float, nargs=2, metavar=("MIN", "MAX"),

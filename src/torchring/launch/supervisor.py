@@ -89,7 +89,7 @@ class Supervisor:
 
     def __init__(self, grace_period_s: float = 5.0, poll_interval_s: float = 0.05,
                  peer_failure: Callable[[int], str | None] = lambda rank: None,
-                 settle_period_s: float = 3.0, detector: HangDetector | None = None) -> None:
+                 settle_period_s: float = 10.0, detector: HangDetector | None = None) -> None:
         self.workers: list[Worker] = []
         self.grace_period_s = grace_period_s
         self.poll_interval_s = poll_interval_s
@@ -144,7 +144,9 @@ class Supervisor:
 
     def _root_cause(self, failed: list[Worker]) -> Failure:
         """The failure that caused the others: a rank whose operations failed because of another rank
-        says so in the store, so wait a moment for the rank it blames to end too."""
+        says so in the store, so wait (up to ``settle_period_s``) for the rank it blames to end too. On a
+        loaded machine the rank that failed first can take seconds to exit after the others learned of
+        it; the wait ends as soon as a failed rank that blames no other appears, or every rank ended."""
         deadline = time.monotonic() + self.settle_period_s
         while all(self.peer_failure(w.rank) for w in failed) and time.monotonic() < deadline:
             if all(w.process.poll() is not None for w in self.workers):

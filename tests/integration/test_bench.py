@@ -57,6 +57,7 @@ def test_train_compares_torchring_with_ddp_and_skips_the_horovod_shim(tmp_path):
                      "--warmup-batches", "1", "--rounds", "2", "--batch-size", "16", "--json", str(out),
                      env={"PYTHONPATH": os.pathsep.join(filter(None, [str(SHIM_PATH), os.environ.get("PYTHONPATH")]))})
     assert result.returncode == 0, result.stderr
+    assert "torchring bench train: starting 2 rank(s) on " in result.stderr  # said before the ranks load torch
     data = json.loads(out.read_text())
     assert list(data["frameworks"]) == ["torchring", "ddp"]
     for entry in data["frameworks"].values():

@@ -60,3 +60,11 @@ def test_the_launcher_docs_say_where_every_flag_applies():
     for strings in flags:
         fixed, elastic = next(documented[flag] for flag in strings if flag in documented)
         assert fixed and elastic, strings
+
+
+def test_no_table_in_the_launcher_docs_is_cut_by_a_blank_line():
+    """Markdown ends a table at a blank line: rows after one fall out of it (two did in the flag table)."""
+    lines = (ROOT / "docs" / "launcher.md").read_text().splitlines()
+    cut = [number + 1 for number in range(1, len(lines) - 1)
+           if not lines[number].strip() and lines[number - 1].startswith("|") and lines[number + 1].startswith("|")]
+    assert not cut, f"docs/launcher.md: a blank line splits a table at line(s) {cut}"

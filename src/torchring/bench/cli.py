@@ -168,6 +168,9 @@ def launch(mode: str, options: Options, num_proc: int, hosts: list[HostSlots], v
         command = [sys.executable, "-m", "torchring.bench.worker", mode, encode(options, str(result_path))]
         config = RunConfig(num_proc, hosts, command, ranks_to_show=frozenset({0}), verbose=verbose,
                            tuning=dict(env or {}))
+        where = ", ".join(f"{h.hostname}:{h.slots}" for h in hosts) if hosts else "this host"
+        print(f"torchring bench {mode}: starting {num_proc} rank(s) on {where} (each loads torch first, which "
+              "takes a few seconds); rank 0 reports below as it measures", file=sys.stderr, flush=True)
         code = run_job(config)
         if code != 0:
             raise BenchJobError(f"the {mode} benchmark job ({num_proc} ranks) failed with exit code {code}", code)

@@ -29,6 +29,7 @@ from typing import Any
 
 from .hang_report import RankSample, blame, format_report, parse_dump, rank_list, waiting_in_collective
 from .ops_report import progress_mark
+from .proc_info import process_state
 from .remote_link import RemoteProbe
 from .stack_probe import DUMP_WAIT_S, Probe, ProbeResult, probe_all
 from .stragglers import StragglerWatch
@@ -106,6 +107,21 @@ class HangDetector:
                 self.verdict = None
             for tracked in self._tracked.values():
                 tracked.changed_at = time.monotonic()
+
+    def frozen(self) -> list[int]:
+        """The live ranks that are stopped now (process state ``T``; for a remote rank, as last sampled)."""
+        with self._lock:
+            tracked = [t for t in self._tracked.values() if t.process.poll() is None]
+        found = []
+        for t in tracked:
+            if isinstance(t.probe, RemoteProbe):
+                stopped = t.last.state == "frozen"
+            else:
+                stat = process_state(t.pid or t.process.pid)
+                stopped = stat is not None and stat[0] in "Tt"
+            if stopped:
+                found.append(t.rank)
+        return found
 
     def note_progress(self) -> None:
         """The job is busy in a way stacks do not show (an elastic job waiting for hosts): restart the clock."""

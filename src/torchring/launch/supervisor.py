@@ -146,11 +146,14 @@ class Supervisor:
         """The failure that caused the others: a rank whose operations failed because of another rank
         says so in the store, so wait (up to ``settle_period_s``) for the rank it blames to end too. On a
         loaded machine the rank that failed first can take seconds to exit after the others learned of
-        it; the wait ends as soon as a failed rank that blames no other appears, or every rank ended."""
+        it; the wait ends as soon as a failed rank that blames no other appears, a rank is frozen, or every
+        rank ended."""
         deadline = time.monotonic() + self.settle_period_s
         while all(self.peer_failure(w.rank) for w in failed) and time.monotonic() < deadline:
             if all(w.process.poll() is not None for w in self.workers):
                 break
+            if self.detector is not None and self.detector.frozen():
+                break  # a stopped rank will not end by itself: blame_after_failure names it
             self._wakeup.wait(self.poll_interval_s)
             failed = self._failed_workers()
         causes = {w.rank: self.peer_failure(w.rank) for w in failed}

@@ -206,11 +206,11 @@ def example_accuracy(stdout):
 
 
 def test_elastic_mnist_survives_a_lost_host_with_the_accuracy_of_an_undisturbed_run(cluster, tmp_path):
-    code, out, err = run_example(cluster, tmp_path, ["h1", "h2", "h3"], "--epochs", "8")
+    code, out, err = run_example(cluster, tmp_path, ["h1", "h2", "h3"], "--epochs", "5")
     assert code == 0, err[-3000:]
     undisturbed, size = example_accuracy(out)
     assert size == 3
-    code, out, err = run_example(cluster, tmp_path, ["h1", "h2", "h3"], "--epochs", "8",
+    code, out, err = run_example(cluster, tmp_path, ["h1", "h2", "h3"], "--epochs", "5",
                                  kill_host_after=("h3", 6))
     assert code == 0, err[-3000:]
     disturbed, size = example_accuracy(out)

@@ -73,7 +73,8 @@ def main(args: list[str]) -> int:
         print(f"tests: running {' and '.join(GROUPS)} side by side; reports follow when both are done", flush=True)
         while any(process.poll() is None for process, _ in runs.values()):
             deadline = time.monotonic() + PROGRESS_EVERY_S
-            for process, _ in runs.values():  # wake at the progress tick, or as soon as a group ends
+            running = [process for process, _ in runs.values() if process.poll() is None]
+            for process in running:  # wake at the progress tick, or as soon as a running group ends
                 try:
                     process.wait(timeout=max(0.0, deadline - time.monotonic()))
                     break

@@ -10,6 +10,20 @@ caller's own is kept. Set here, it reaches the launchers and ranks that the test
 
 import os
 
+import pytest
+
 os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
+
+
+@pytest.fixture
+def no_job_starts(monkeypatch):
+    """In-process command lines (``torchring run``, ``horovodrun``) must fail before any job starts."""
+    from torchring.launch import run_cli  # here, not at the top: the launcher is loaded only where used
+
+    def no_job(config):
+        raise AssertionError(f"a job was started: {config}")
+
+    monkeypatch.setattr(run_cli, "run_job", no_job)
+    monkeypatch.setattr(run_cli, "run_elastic_job", no_job)
 
 collect_ignore = [] if os.environ.get("TORCHRING_PARALLEL_SUITE") == "1" else ["parallel"]

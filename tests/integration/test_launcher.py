@@ -11,7 +11,6 @@ import time
 import pytest
 
 from torchring import cli
-from torchring.launch import run_cli
 
 from .jobs import JobResult, processes_with_marker, python_script, run_job, start_job, wait_until_gone
 
@@ -100,16 +99,6 @@ def test_launcher_killed_outright_takes_its_ranks_along():
     process.kill()
     process.communicate(timeout=30)
     assert wait_until_gone(marker) == []
-
-
-@pytest.fixture
-def no_job_starts(monkeypatch):
-    """In-process command lines must fail before any job starts."""
-    def no_job(config):
-        raise AssertionError(f"a job was started: {config}")
-
-    monkeypatch.setattr(run_cli, "run_job", no_job)
-    monkeypatch.setattr(run_cli, "run_elastic_job", no_job)
 
 
 @pytest.mark.parametrize("args,message", [

@@ -7,15 +7,6 @@ from torchring import cli
 from torchring.launch import horovodrun, run_cli
 
 
-@pytest.fixture
-def no_job_starts(monkeypatch):
-    def no_job(config):
-        raise AssertionError(f"a job was started: {config}")
-
-    monkeypatch.setattr(run_cli, "run_job", no_job)
-    monkeypatch.setattr(run_cli, "run_elastic_job", no_job)
-
-
 def test_help_says_it_is_torchrings_horovodrun(capsys):
     with pytest.raises(SystemExit) as exit_info:
         horovodrun.main(["--help"])

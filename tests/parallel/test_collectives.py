@@ -212,6 +212,9 @@ def test_start_and_stop_timeline_at_run_time(rank, tmp_path_factory):
     hvd.start_timeline(path)
     hvd.allreduce(torch.ones(2), name="timed.tensor")
     hvd.stop_timeline()
+    # Rank 0 negotiates: a request another rank sends before rank 0 has stopped its timeline is
+    # recorded (as Horovod's coordinator does), so the other ranks wait for the stop first.
+    hvd.barrier()
     hvd.allreduce(torch.ones(2), name="untimed.tensor")
     if rank == 0:
         with open(path) as file:

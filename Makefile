@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-torch-$(TORCH_VERSION)
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test multihost-deps gpu-check lint clean
+.PHONY: venv demo test multihost-deps image gpu-check lint clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,11 @@ multihost-deps:
 		|| (apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null) \
 		|| echo "could not install openssh-server: the multi-host tests will skip"; \
 	fi
+
+# The CPU image torchring:cpu (docker/Dockerfile.cpu), with or without registry access: docker/make_image.sh
+# and docker/README.md. Settings: IMAGE, BASE_IMAGE, TORCH_VERSION, WHEELHOUSE (auto, 1, 0).
+image:
+	IMAGE=$(or $(IMAGE),torchring:cpu) TORCH_VERSION=$(TORCH_VERSION) docker/make_image.sh
 
 # On a machine with CUDA (and a CUDA build of torch): the GPU tests, then the GPU benchmark.
 gpu-check: $(STAMP)

@@ -1,13 +1,16 @@
-"""``make test``: the test suite as two groups run at the same time, then both reports.
+"""``make test``: the test suite as two groups run at the same time, then both reports, then the
+container tests.
 
 The multi-host tests spend most of their time waiting (on SSH, elastic timeouts, lost hosts) while the
 unit and integration tests mostly compute, so on a 2-core machine running them side by side finishes
 the suite in about 60% of the time it takes one after the other; the integration tests that train
 examples run in the multi-host group, which evens out the two. Each group is one ordinary pytest
 run with its own log; while they run, a line every 30 s shows how far each has got; at the end both
-logs are printed whole (each with its slowest tests and skip reasons), then one line with the totals.
+logs are printed whole (each with its slowest tests and skip reasons). Then the container tests
+(tests/containers: a real Docker Engine, image builds) run alone, their output shown as it comes, and
+one line gives the totals of all three.
 
-Arguments are passed to both pytest runs (``make test PYTEST_ARGS="-k launcher"``). Arguments that
+Arguments are passed to every pytest run (``make test PYTEST_ARGS="-k launcher"``). Arguments that
 name test paths run just those, in one pytest run, as ``pytest ARGS`` would.
 """
 
@@ -27,6 +30,8 @@ BALANCED = ["tests/integration/test_examples.py", "tests/integration/test_gpu_ch
             "tests/integration/test_horovod_compat.py"]
 GROUPS = {"unit+integration": ["tests/unit", "tests/integration", *(f"--ignore={path}" for path in BALANCED)],
           "multihost+examples": ["tests/multihost", *BALANCED]}
+#: The container tests (a real Docker Engine): after the two groups, alone.
+CONTAINERS = ["tests/containers"]
 PROGRESS_EVERY_S = 30.0
 #: pytest's exit status when it collected no test (e.g. ``-k`` matched nothing in one group).
 NO_TESTS = 5
@@ -58,11 +63,10 @@ def _exit_status(codes: list[int]) -> int:
     return 0 if 0 in codes else NO_TESTS
 
 
-def main(args: list[str]) -> int:
-    pytest = [sys.executable, "-m", "pytest"]
-    if _names_paths(args):
-        return subprocess.call([*pytest, *args], cwd=ROOT)
+def _side_by_side(pytest: list[str], args: list[str]) -> tuple[list[int], dict[str, int]]:
+    """Run :data:`GROUPS` at the same time, print both logs; their exit statuses and summed totals."""
     started = time.monotonic()
+    totals: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="torchring-tests-") as logs:
         runs = {}
         for name, paths in GROUPS.items():
@@ -84,17 +88,50 @@ def main(args: list[str]) -> int:
             states = [f"{name} {'done' if process.poll() is not None else _progress(log)}"
                       for name, (process, log) in runs.items()]
             print(f"tests: {elapsed // 60:.0f}m{elapsed % 60:02.0f}s: {', '.join(states)}", flush=True)
-        totals: dict[str, int] = {}
         for name, (process, log) in runs.items():
             text = log.read_text(errors="replace")
             print(f"\n{'#' * 30} {name} (pytest exit status {process.returncode}) {'#' * 30}\n{text}", flush=True)
-            for kind, number in _totals(text).items():
-                totals[kind] = totals.get(kind, 0) + number
-    status = _exit_status([process.returncode for process, _ in runs.values()])
-    elapsed = time.monotonic() - started
+            _add(totals, _totals(text))
+    codes = [process.returncode for process, _ in runs.values()]
+    print(f"\ntests: both groups done in {time.monotonic() - started:.0f}s "
+          f"(exit status {_exit_status(codes)}; errors count as failed)", flush=True)
+    return codes, totals
+
+
+def _containers(pytest: list[str], args: list[str]) -> tuple[int, dict[str, int]]:
+    """Run :data:`CONTAINERS` alone (they build an image and start containers: they would slow the
+    other groups), its output shown as it comes; its exit status and totals."""
+    started = time.monotonic()
+    print(f"\n{'#' * 30} containers (a real Docker Engine; the first run builds the image) {'#' * 30}", flush=True)
+    process = subprocess.Popen([*pytest, *CONTAINERS, *args], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    assert process.stdout is not None
+    text = []
+    for line in process.stdout:
+        text.append(line)
+        print(line, end="", flush=True)
+    process.wait()
+    print(f"tests: containers done in {time.monotonic() - started:.0f}s (exit status {process.returncode})")
+    return process.returncode, _totals("".join(text))
+
+
+def _add(totals: dict[str, int], more: dict[str, int]) -> None:
+    for kind, number in more.items():
+        totals[kind] = totals.get(kind, 0) + number
+
+
+def main(args: list[str]) -> int:
+    pytest = [sys.executable, "-m", "pytest"]
+    if _names_paths(args):
+        return subprocess.call([*pytest, *args], cwd=ROOT)
+    started = time.monotonic()
+    codes, totals = _side_by_side(pytest, args)
+    code, container_totals = _containers(pytest, args)
+    _add(totals, container_totals)
+    status = _exit_status([*codes, code])
     failed = totals.get("failed", 0) + totals.get("error", 0)
     skipped = f", {totals['skipped']} skipped" if totals.get("skipped") else ""
-    print(f"\ntests: both groups done in {elapsed:.0f}s (exit status {status}; errors count as failed)")
+    print(f"\ntests: all done in {time.monotonic() - started:.0f}s (exit status {status}; errors count as failed)")
     print(f"total: {totals.get('passed', 0)} passed, {failed} failed{skipped}")
     return status
 

@@ -18,6 +18,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILES = [ROOT / "docker" / "Dockerfile", ROOT / "docker" / "Dockerfile.cpu"]
 ENTRYPOINT = ROOT / "docker" / "entrypoint.sh"
+SETUP = ROOT / "docker" / "image_setup.sh"
 SSHD_CONFIG = ROOT / "docker" / "sshd_config"
 COMPOSE = ROOT / "compose.yaml"
 KEY_DIR = "/run/torchring-ssh"
@@ -96,19 +97,25 @@ def test_non_root_user_workdir_entrypoint_and_port(dockerfile):
     assert steps[-1][0] in ("ENTRYPOINT", "HEALTHCHECK", "CMD", "EXPOSE", "USER")
     assert [keyword for keyword, _ in steps].index("USER") > max(
         index for index, (keyword, _) in enumerate(steps) if keyword == "RUN"), "USER must come after every RUN"
-    runs = " ".join(arguments for keyword, arguments in steps if keyword == "RUN")
-    assert re.search(r"useradd [^&]*--uid 1000 [^&]*torchring", runs), "the non-root user torchring, uid 1000"
     assert ("WORKDIR", "/workspace") in steps
     assert ("EXPOSE", "2222") in steps
     assert ("ENTRYPOINT", '["/usr/local/bin/torchring-entrypoint"]') in steps
     copies = [arguments for keyword, arguments in steps if keyword == "COPY"]
-    assert "--chmod=755 docker/entrypoint.sh /usr/local/bin/torchring-entrypoint" in copies
-    assert f"docker/sshd_config {SSHD_DIR}/sshd_config" in copies
     assert any(copy.endswith("examples/ /workspace/examples/") for copy in copies)
-    # sshd's host keys and the compose key volume's mount point exist, owned by the user
-    assert f"ssh-keygen -q -t ed25519 -N '' -C torchring-host -f {SSHD_DIR}/ssh_host_ed25519_key" in runs
-    assert re.search(rf"install -d -m 700 -o torchring -g torchring [^&]*{SSHD_DIR} {KEY_DIR}", runs)
-    assert "--no-install-recommends openssh-client openssh-server" in runs and "rm -rf /var/lib/apt/lists/*" in runs
+    # the user, sshd and the entrypoint come from the one script both images run (docker/image_setup.sh)
+    assert "docker/image_setup.sh docker/sshd_config docker/entrypoint.sh /tmp/torchring-image/" in copies
+    assert ("RUN", "sh /tmp/torchring-image/image_setup.sh && rm -rf /tmp/torchring-image") in steps
+
+
+def test_image_setup_makes_the_user_sshd_directory_and_entrypoint():
+    script = SETUP.read_text()
+    assert re.search(r"useradd [^\n]*--uid 1000 [^\n]*torchring", script), "the non-root user torchring, uid 1000"
+    assert f"ssh-keygen -q -t ed25519 -N '' -C torchring-host -f {SSHD_DIR}/ssh_host_ed25519_key" in script
+    assert re.search(rf"install -d -m 700 -o torchring -g torchring [^\n]*{SSHD_DIR} {KEY_DIR}", script)
+    assert f'install -m 644 "$here/sshd_config" {SSHD_DIR}/sshd_config' in script
+    assert 'install -m 755 "$here/entrypoint.sh" /usr/local/bin/torchring-entrypoint' in script
+    assert "--no-install-recommends openssh-client openssh-server" in script and "rm -rf /var/lib/apt/lists/*" in script
+    assert run("sh", "-n", str(SETUP)).returncode == 0
 
 
 def test_cuda_image_keeps_the_base_images_torch():
@@ -124,15 +131,21 @@ def test_cuda_image_keeps_the_base_images_torch():
             assert not [word for word in packages if re.match(r"torch(vision|audio)?($|[=<>~!\[ ])", word)], command
 
 
-def test_cpu_image_installs_the_cpu_build_of_torch():
+def test_cpu_image_installs_the_cpu_build_of_torch_in_a_stage_of_its_own():
     steps = instructions(DOCKERFILES[1])
     assert steps[0] == ("ARG", "PYTHON_IMAGE=python:3.11-slim")
-    assert steps[1] == ("FROM", "${PYTHON_IMAGE}")
+    assert [arguments for keyword, arguments in steps if keyword == "FROM"] == ["${PYTHON_IMAGE} AS install",
+                                                                              "${PYTHON_IMAGE}"]
     assert ("ARG", "TORCH_VERSION=2.13.0") in steps
+    assert ("ARG", "TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu") in steps
     runs = [arguments for keyword, arguments in steps if keyword == "RUN"]
     torch_step = next(step for step in runs if '"torch==${TORCH_VERSION}"' in step)
-    assert "--index-url https://download.pytorch.org/whl/cpu" in torch_step and "--no-cache-dir" in torch_step
-    assert any('pip install --no-cache-dir "/tmp/torchring[examples]"' in step for step in runs)
+    assert '--index-url "${TORCH_INDEX_URL}"' in torch_step and "--no-cache-dir" in torch_step
+    assert "--no-index --find-links /tmp/wheelhouse" in torch_step  # wheels from make image: no network
+    # only the installed environment reaches the image: no wheels, sources or caches in its layers
+    assert ("COPY", "--from=install /opt/torchring /opt/torchring") in steps
+    final = steps[[keyword for keyword, _ in steps].index("FROM", 2) + 1:]
+    assert not [arguments for keyword, arguments in final if keyword == "COPY" and "wheelhouse" in arguments]
 
 
 def test_sshd_config_runs_as_the_user_on_port_2222_with_keys_only():
@@ -323,13 +336,17 @@ def test_compose_cluster_shape():
     keygen, worker, launcher = services["keygen"], services["worker"], services["launcher"]
     assert keygen["volumes"] == [f"ssh-keys:{KEY_DIR}"]
     assert f"-f {KEY_DIR}/id_ed25519" in keygen["command"][-1]
+    # keygen stays up, healthy once the key exists: under --abort-on-container-exit an exit would end the run
+    assert keygen["command"][-1].endswith("exec sleep infinity")
+    assert f"{KEY_DIR}/id_ed25519.pub" in keygen["healthcheck"]["test"]
+    assert "name" not in compose  # docker-compose 1.29 rejects a top-level name
     for name, service in (("worker", worker), ("launcher", launcher)):
         assert service["hostname"] == name
         assert service["environment"]["TORCHRING_START_SSHD"] == "1"
         assert service["volumes"] == [f"ssh-keys:{KEY_DIR}:ro"]
         assert service["shm_size"] == "1gb"
         assert service["networks"] == ["cluster"]
-        assert service["depends_on"]["keygen"] == {"condition": "service_completed_successfully"}
+        assert service["depends_on"]["keygen"] == {"condition": "service_healthy"}
     assert "command" not in worker  # the entrypoint's default: serve SSH only
     assert launcher["depends_on"]["worker"] == {"condition": "service_healthy"}
     assert "2222" in " ".join(worker["healthcheck"]["test"])

@@ -156,6 +156,27 @@ def _remove_network(namespaces: list[str]) -> None:
         _run(["ip", "link", "del", "dev", BRIDGE], check=False)
 
 
+#: The rule that lets hosts talk to each other across the bridge when a firewall drops forwarded
+#: packets. Docker's engine sets the FORWARD policy to DROP and loads br_netfilter, so frames bridged
+#: between two hosts of this cluster pass through iptables' FORWARD chain and would be dropped.
+_FORWARD_RULE = ["FORWARD", "-i", BRIDGE, "-o", BRIDGE, "-j", "ACCEPT"]
+
+
+def _allow_forwarding_on_the_bridge() -> bool:
+    """Put :data:`_FORWARD_RULE` first in FORWARD when bridged frames go through iptables; True if added."""
+    nf_call = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")
+    if shutil.which("iptables") is None or not nf_call.exists() or nf_call.read_text().strip() != "1":
+        return False
+    if _run(["iptables", "-C", *_FORWARD_RULE], check=False).returncode == 0:
+        return True  # left by a run that crashed: this one removes it
+    return _run(["iptables", "-I", *_FORWARD_RULE], check=False).returncode == 0
+
+
+def _remove_forwarding_rule() -> None:
+    while _run(["iptables", "-D", *_FORWARD_RULE], check=False).returncode == 0:
+        pass
+
+
 def _our_namespaces() -> list[str]:
     """Existing namespaces that look like ours (``trh<N>``), e.g. left over by a crashed run."""
     return [name for name in _namespaces() if re.fullmatch(rf"{NAMESPACE_PREFIX}\d+", name)]
@@ -175,6 +196,7 @@ class Cluster:
         self.resolv_conf = state_dir / "resolv.conf"
         self.bin_dir = state_dir / "bin"
         self._created_run_sshd = False
+        self._added_forward_rule = False
 
     # ------------------------------------------------------------------ set-up
 
@@ -271,6 +293,7 @@ class Cluster:
             _run(["ip", "-n", host.namespace, "addr", "add", f"{host.address}/{PREFIX_LENGTH}", "dev", "eth0"])
             _run(["ip", "-n", host.namespace, "link", "set", "eth0", "mtu", str(mtu), "up"])
         _run(["ip", "link", "set", BRIDGE, "mtu", str(mtu)])  # a bridge follows its smallest port; pin it
+        self._added_forward_rule = _allow_forwarding_on_the_bridge()
 
     def host_dir(self, host: Host | str) -> Path:
         """Where a host's sshd config, host key, pid file and log live."""
@@ -428,6 +451,9 @@ class Cluster:
     def stop(self) -> None:
         """Kill everything on every host (sshd included), delete namespaces, veths and bridge, undo /run/sshd."""
         _remove_network([host.namespace for host in self.hosts] + _our_namespaces())
+        if self._added_forward_rule:
+            _remove_forwarding_rule()
+            self._added_forward_rule = False
         if self._created_run_sshd:
             try:
                 RUN_SSHD.rmdir()

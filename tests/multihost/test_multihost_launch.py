@@ -154,12 +154,12 @@ def _accuracy(stdout):
 
 def test_mnist_example_across_hosts_matches_a_local_run(cluster):
     example = [sys.executable, str(ROOT / "examples" / "mnist.py"), "--epochs", "1"]
-    remote = run(cluster, "-np", "4", "-H", "h1:2,h2:2", *example, timeout=400)
+    remote = run(cluster, "-np", "2", "-H", "h1:1,h2:1", *example, timeout=400)
     assert remote.returncode == 0, remote.stderr
-    local = run(cluster, "-np", "4", *example, timeout=400)
+    local = run(cluster, "-np", "2", *example, timeout=400)
     assert local.returncode == 0, local.stderr
     assert abs(_accuracy(remote.stdout) - _accuracy(local.stdout)) < 0.02
-    assert _accuracy(remote.stdout) > 0.12  # above chance (0.1) after one short epoch at 4 ranks
+    assert _accuracy(remote.stdout) > 0.12  # above chance (0.1) after one short epoch at 2 ranks
     assert_hosts_empty(cluster)
 
 

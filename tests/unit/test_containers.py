@@ -18,9 +18,10 @@ COMMAND = ["python", "train.py", "--epochs", "1"]
 
 
 def test_gpu_argv_with_host_ipc_and_host_network():
-    argv = docker_run_argv(ContainerOptions(image="torchring:cuda"), COMMAND, ENV, "/workspace", "torchring-j-rank3")
-    assert argv == ["docker", "run", "--rm", "--init", "--name", "torchring-j-rank3", "--gpus", "all", "--ipc=host",
-                    "--ulimit", "memlock=-1", "--ulimit", "stack=67108864", "--network", "host",
+    options = ContainerOptions(image="torchring:cuda", gpus=True)
+    argv = docker_run_argv(options, COMMAND, ENV, "/workspace", "torchring-j-rank3")
+    assert argv == ["docker", "run", "--rm", "--init", "--name", "torchring-j-rank3", "--gpus", "all",
+                    "--ulimit", "memlock=-1", "--ulimit", "stack=67108864", "--ipc=host", "--network", "host",
                     "-e", "TORCHRING_RANK=3", "-e", "MASTER_ADDR=10.0.0.1", "-w", "/workspace",
                     "torchring:cuda", *COMMAND]
 
@@ -30,39 +31,49 @@ def test_cpu_argv_with_shm_size_bridge_network_volumes_and_extra_args():
                                volumes=("/data:/data:ro", "/scratch:/scratch"), extra_args=("--user", "1000:1000"))
     argv = docker_run_argv(options, COMMAND, {}, "/workspace/job", "n")
     assert argv == ["docker", "run", "--rm", "--init", "--name", "n", "--shm-size", "8g",
-                    "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
                     "-v", "/data:/data:ro", "-v", "/scratch:/scratch", "-w", "/workspace/job",
                     "--user", "1000:1000", "registry.example/torchring:cpu", *COMMAND]
     assert "--gpus" not in argv and "--ipc=host" not in argv and "--network" not in argv
 
 
+def test_gpus_are_decided_per_host_unless_set():
+    auto = ContainerOptions(image="i")
+    assert auto.gpus is None
+    assert "--gpus" in docker_run_argv(auto.for_host(True), ["true"], {}, "/", "n")
+    assert "--gpus" not in docker_run_argv(auto.for_host(False), ["true"], {}, "/", "n")
+    assert ContainerOptions(image="i", gpus=False).for_host(True).gpus is False  # --image-no-gpus wins
+    with pytest.raises(ValueError, match="for_host"):
+        docker_run_argv(auto, ["true"], {}, "/", "n")
+
+
 def test_shm_size_replaces_host_ipc():
-    with_ipc = docker_run_argv(ContainerOptions(image="i"), ["true"], {}, "/", "n")
-    with_shm = docker_run_argv(ContainerOptions(image="i", shm_size="1gb"), ["true"], {}, "/", "n")
+    with_ipc = docker_run_argv(ContainerOptions(image="i", gpus=False), ["true"], {}, "/", "n")
+    with_shm = docker_run_argv(ContainerOptions(image="i", shm_size="1gb", gpus=False), ["true"], {}, "/", "n")
     assert "--ipc=host" in with_ipc and "--shm-size" not in with_ipc
     assert "--ipc=host" not in with_shm and with_shm[with_shm.index("--shm-size") + 1] == "1gb"
 
 
 def test_sig_proxy_false_and_another_client():
-    argv = docker_run_argv(ContainerOptions(image="i"), ["true"], {}, "/", "n", sig_proxy=False,
+    argv = docker_run_argv(ContainerOptions(image="i", gpus=False), ["true"], {}, "/", "n", sig_proxy=False,
                            docker="/usr/bin/podman")
     assert argv[:7] == ["/usr/bin/podman", "run", "--rm", "--init", "--name", "n", "--sig-proxy=false"]
-    assert "--sig-proxy=false" not in docker_run_argv(ContainerOptions(image="i"), ["true"], {}, "/", "n")
+    assert "--sig-proxy=false" not in docker_run_argv(ContainerOptions(image="i", gpus=False), ["true"], {}, "/", "n")
 
 
 def test_awkward_env_values_and_arguments_stay_single_argv_items():
     env = {f"V{index}": value for index, value in enumerate(AWKWARD)}
-    argv = docker_run_argv(ContainerOptions(image="i"), ["python", "-c", "pass", *AWKWARD], env, "/w", "n")
+    argv = docker_run_argv(ContainerOptions(image="i", gpus=False), ["python", "-c", "pass", *AWKWARD], env, "/w", "n")
     pairs = [argv[index + 1] for index, item in enumerate(argv) if item == "-e"]
     assert pairs == [f"V{index}={value}" for index, value in enumerate(AWKWARD)]
     assert argv[-len(AWKWARD):] == AWKWARD
     # values whose text looks like an option or an "=" stay the value of their own -e
-    argv = docker_run_argv(ContainerOptions(image="i"), ["true"], {"A": "--rm", "B": "x=y=z"}, "/", "n")
+    argv = docker_run_argv(ContainerOptions(image="i", gpus=False), ["true"], {"A": "--rm", "B": "x=y=z"}, "/", "n")
     assert argv[argv.index("-e"):argv.index("-w")] == ["-e", "A=--rm", "-e", "B=x=y=z"]
 
 
 def test_argv_survives_a_json_round_trip_unchanged():
-    options = ContainerOptions(image="torchring:cuda", shm_size="2g", volumes=("/d a/t:/data",), extra_args=("--x",))
+    options = ContainerOptions(image="torchring:cuda", gpus=True, shm_size="2g", volumes=("/d a/t:/data",),
+                               extra_args=("--x",))
     env = {f"V{index}": value for index, value in enumerate(AWKWARD)}
     argv = docker_run_argv(options, ["python", "train.py", *AWKWARD], env, "/workspace", container_name("j", 0))
     spec = json.dumps({"command": argv, "env": {"PATH": "/usr/bin"}, "cwd": None})
@@ -130,4 +141,4 @@ def test_options_want_sequences_not_strings_and_store_tuples():
 ])
 def test_docker_run_argv_rejects_bad_input(command, env, workdir, name):
     with pytest.raises(ValueError):
-        docker_run_argv(ContainerOptions(image="i"), command, env, workdir, name)
+        docker_run_argv(ContainerOptions(image="i", gpus=False), command, env, workdir, name)

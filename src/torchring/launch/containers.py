@@ -22,7 +22,9 @@ list processes or run ``docker inspect``: pass no secrets this way.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import os
 import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -45,6 +47,8 @@ class ContainerOptions:
       on every host.
     * ``gpus``: ``--gpus all``: every GPU of the host is visible in every container, so the rank picks its
       own by local rank (``torch.cuda.set_device(hvd.local_rank())``) as it would without containers.
+      ``None`` (the default) decides per host: ``--gpus all`` where :func:`host_has_nvidia_gpus` (on a host
+      without GPUs, Docker refuses ``--gpus``); resolve it with :meth:`for_host` before building an argv.
     * ``shm_size``: ``None`` shares the host's IPC namespace (``--ipc=host``): a large ``/dev/shm`` for
       DataLoader workers, and ranks on one host (one container each) can use NCCL's shared-memory and CUDA
       IPC transports between them. A size (``"8g"``) gives each container a private ``/dev/shm`` of that
@@ -57,7 +61,7 @@ class ContainerOptions:
     """
 
     image: str
-    gpus: bool = True
+    gpus: bool | None = None
     shm_size: str | None = None
     network_host: bool = True
     volumes: tuple[str, ...] = ()
@@ -75,6 +79,17 @@ class ContainerOptions:
         for volume in self.volumes:
             if not volume or volume.startswith("-"):
                 raise ValueError(f"not a volume (-v) value: {volume!r}")
+
+
+    def for_host(self, has_nvidia_gpus: bool) -> ContainerOptions:
+        """These options on a host with or without NVIDIA GPUs: ``gpus`` None becomes that answer."""
+        return self if self.gpus is not None else dataclasses.replace(self, gpus=has_nvidia_gpus)
+
+
+def host_has_nvidia_gpus() -> bool:
+    """Whether this host has NVIDIA's driver loaded with devices (``/dev/nvidiactl``): what ``--gpus all``
+    needs, besides the NVIDIA Container Toolkit."""
+    return os.path.exists("/dev/nvidiactl")
 
 
 def _has_space(text: str) -> bool:
@@ -113,30 +128,34 @@ def docker_run_argv(options: ContainerOptions, command: Sequence[str], env: Mapp
                     from_client: Collection[str] = ()) -> list[str]:
     """The argv that runs ``command`` as one rank in a container::
 
-        docker run --rm --init --name NAME [--sig-proxy=false] [--gpus all] (--ipc=host | --shm-size SIZE)
-            --ulimit memlock=-1 --ulimit stack=67108864 [--network host] -e NAME=VALUE... -v VOLUME...
+        docker run --rm --init --name NAME [--sig-proxy=false]
+            [--gpus all --ulimit memlock=-1 --ulimit stack=67108864] (--ipc=host | --shm-size SIZE)
+            [--network host] -e NAME=VALUE... -v VOLUME...
             -w WORKDIR [EXTRA_ARGS...] IMAGE COMMAND...
 
     ``--rm`` removes the container once it ends; ``--init`` runs an init process as PID 1 that passes
-    signals on to the rank and reaps its children; ``memlock=-1`` lets NCCL (and RDMA) pin memory; the
-    stack limit is NVIDIA's recommended one. ``env`` is the rank's whole environment inside the container
-    (the image's own variables, such as ``PATH``, apply where ``env`` does not set them); the variables
-    named in ``from_client`` are passed as ``-e NAME`` alone, so docker takes their values from its own
-    environment and they never appear on a command line (the job's secret). The launcher
-    must run :func:`stop_argv` on teardown: killing this client does not stop the container (see the
-    module's docstring). ``docker`` may name another client with the same options (a path, ``podman``).
+    signals on to the rank and reaps its children. With GPUs, ``memlock=-1`` lets NCCL (and RDMA) pin memory
+    and the stack limit is NVIDIA's recommended one; CPU containers keep the daemon's limits (raising
+    memlock needs privileges a rootless or restricted daemon lacks, and Gloo does not pin memory). ``env``
+    is the rank's whole environment inside the container (the image's own variables, such as ``PATH``, apply
+    where ``env`` does not set them); the variables named in ``from_client`` are passed as ``-e NAME``
+    alone, so docker takes their values from its own environment and they never appear on a command line
+    (the job's secret). The launcher must run :func:`stop_argv` on teardown: killing this client does not
+    stop the container (see the module's docstring). ``docker`` may name another client with the same
+    options (a path, ``podman``).
     """
     if isinstance(command, str) or not command or not all(isinstance(item, str) for item in command):
         raise ValueError(f"command must be a non-empty list of strings, got {command!r}")
     if not isinstance(workdir, str) or not workdir.startswith("/"):
         raise ValueError(f"workdir must be an absolute path inside the container, got {workdir!r}")
+    if options.gpus is None:
+        raise ValueError("options.gpus is None (decided per host): call options.for_host(...) first")
     argv = [docker, "run", "--rm", "--init", "--name", _check_name(name)]
     if not sig_proxy:
         argv.append("--sig-proxy=false")
     if options.gpus:
-        argv += ["--gpus", "all"]
+        argv += ["--gpus", "all", "--ulimit", "memlock=-1", "--ulimit", f"stack={STACK_LIMIT_BYTES}"]
     argv += ["--ipc=host"] if options.shm_size is None else ["--shm-size", str(options.shm_size)]
-    argv += ["--ulimit", "memlock=-1", "--ulimit", f"stack={STACK_LIMIT_BYTES}"]
     if options.network_host:
         argv += ["--network", "host"]
     for key, value in env.items():

@@ -133,14 +133,15 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                          help="seconds to wait for enough hosts before giving up (default 600)")
     parser.add_argument("--output-filename", help="also write each rank's output to DIR/rank.N/stdout and stderr")
     containers = parser.add_argument_group("containers (each rank in `docker run` on its host)")
-    containers.add_argument("--image", help="run every rank in a container of this image (--gpus all, --ipc=host, "
-                                            "--network host, memlock unlimited)")
+    containers.add_argument("--image", help="run every rank in a container of this image (--ipc=host, "
+                                            "--network host, memlock unlimited; --gpus all on hosts with NVIDIA GPUs)")
     containers.add_argument("--image-shm-size", help="give containers this /dev/shm size instead of --ipc=host")
     containers.add_argument("--image-volume", action="append", default=[], metavar="SRC:DST",
                             help="mount this volume in every container (repeatable)")
     containers.add_argument("--image-workdir",
                             help="working directory inside the containers (default /workspace)")
-    containers.add_argument("--image-no-gpus", action="store_true", help="do not pass --gpus all (CPU images)")
+    containers.add_argument("--image-no-gpus", action="store_true",
+                            help="never pass --gpus all (by default it is passed on hosts with NVIDIA GPUs)")
     parser.add_argument("--config-file", help="YAML file with values for these flags (flags given here win)")
     parser.add_argument("--metrics-port", type=int,
                         help="serve every rank's Prometheus metrics and job totals on this port of this host")
@@ -210,7 +211,7 @@ def _container_options(args: argparse.Namespace) -> ContainerOptions | None:
         return None
     if args.image_workdir and not args.image_workdir.startswith("/"):
         raise ValueError(f"--image-workdir {args.image_workdir!r} must be an absolute path inside the container")
-    return ContainerOptions(image=args.image, gpus=not args.image_no_gpus, shm_size=args.image_shm_size,
+    return ContainerOptions(image=args.image, gpus=False if args.image_no_gpus else None, shm_size=args.image_shm_size,
                             volumes=tuple(args.image_volume))
 
 

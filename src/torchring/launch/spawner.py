@@ -39,7 +39,7 @@ from typing import BinaryIO
 from ..compat import SHIM_PATH
 from ..contract import JOB_SECRET, OPS_FILE, STACK_FILE
 from ..store_auth import JobCredentials
-from .containers import ContainerOptions, container_name, docker_run_argv, stop_argv
+from .containers import ContainerOptions, container_name, docker_run_argv, host_has_nvidia_gpus, stop_argv
 from .hosts import is_local_host
 from .local import spawn_local
 from .network import interface_of
@@ -206,8 +206,10 @@ class Spawner:
         if placement is Placement.CONTAINER:
             assert settings.container is not None
             container = container_name(self.job_id, name.number, role=name.role)
-            argv = docker_run_argv(settings.container, list(settings.command), env, settings.container_workdir,
-                                   container, from_client=(JOB_SECRET,))
+            report = self.reports.get(remote_host) if remote_host is not None else None
+            gpus = report.nvidia_gpus if report is not None else host_has_nvidia_gpus()
+            argv = docker_run_argv(settings.container.for_host(gpus), list(settings.command), env,
+                                   settings.container_workdir, container, from_client=(JOB_SECRET,))
             client_env = {key: os.environ[key] for key in DOCKER_CLIENT_VARIABLES if key in os.environ}
             client_env[JOB_SECRET] = env[JOB_SECRET]  # docker reads it from its own environment: not in ps
             process = spawn_remote(remote_host, settings.ssh.python, settings.ssh)

@@ -48,11 +48,20 @@ def ssh_argv(host: str, remote_argv: Sequence[str], options: SshOptions) -> list
 _PREFLIGHT = r"""
 import json, os, platform, socket, sys
 report = {"python": platform.python_version(), "hostname": socket.gethostname(), "cpus": os.cpu_count() or 1}
-for module in ("torch", "torchring"):
+from importlib import metadata
+for module in ("torch", "torchring"):  # installed versions, without importing torch (seconds of CPU)
     try:
-        report[module] = __import__(module).__version__
+        try:
+            report[module] = metadata.version(module)
+        except metadata.PackageNotFoundError:
+            report[module] = __import__(module).__version__  # e.g. a source checkout on PYTHONPATH
     except Exception as error:
         report[module], report[module + "_error"] = None, repr(error)
+try:
+    from torchring.launch.containers import host_has_nvidia_gpus
+    report["nvidia_gpus"] = host_has_nvidia_gpus()
+except Exception:
+    report["nvidia_gpus"] = False
 port, timeout, address = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
 connection = os.environ.get("SSH_CONNECTION", "").split()
 report["launcher_address"] = connection[0] if connection else None
@@ -96,6 +105,8 @@ class HostReport:
     launcher_address: str | None = None
     store_reachable: bool = False
     store_error: str | None = None
+    #: The host has NVIDIA GPUs (containers there get ``--gpus all`` unless ``--image-no-gpus``).
+    nvidia_gpus: bool = False
 
     @property
     def versions(self) -> tuple[str | None, str | None, str | None]:
@@ -131,7 +142,8 @@ def probe_host(host: str, store_port: int, store_address: str, options: SshOptio
     return HostReport(host, python=data.get("python"), torch=data.get("torch"), torchring=data.get("torchring"),
                       interface=data.get("interface"), cpus=int(data.get("cpus") or 1),
                       launcher_address=data.get("launcher_address") if not store_address else store_address,
-                      store_reachable=bool(data.get("store_reachable")), store_error=data.get("store_error"))
+                      store_reachable=bool(data.get("store_reachable")), store_error=data.get("store_error"),
+                      nvidia_gpus=bool(data.get("nvidia_gpus")))
 
 
 def probe_hosts(hosts: Sequence[str], store_port: int, store_address: str,

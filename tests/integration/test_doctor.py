@@ -61,21 +61,23 @@ def test_json_output_parses_and_is_ok(capsys):
 
 def _import_seconds() -> float:
     start = time.monotonic()
-    subprocess.run([sys.executable, "-c", "import torchring"], check=True, timeout=120)
+    subprocess.run([sys.executable, "-c", "import torch, torchring"], check=True, timeout=120)
     return time.monotonic() - start
 
 
 def test_quick_is_fast_enough_for_a_healthcheck():
     # Starting Python and importing torch is most of it; on a machine so busy that this alone takes more
     # than 3 s, the doctor may take that much longer.
-    budget = 5.0 + max(0.0, _import_seconds() - 3.0)
+    import_seconds = _import_seconds()
+    budget = 5.0 + max(0.0, import_seconds - 3.0)
     start = time.monotonic()
     result = doctor("--quick", "--json")
     elapsed = time.monotonic() - start
     assert result.returncode == 0, result.stderr
     assert elapsed < budget, f"--quick took {elapsed:.1f} s (budget {budget:.1f} s)"
     (probe,) = json.loads(result.stdout)["hosts"].values()
-    assert probe["probe_seconds"] < 1.0
+    # the probe imports torch itself (``import torchring`` does not): beyond that, under a second
+    assert probe["probe_seconds"] < 1.0 + import_seconds
 
 
 def test_unreachable_host_exits_1_and_names_it(capsys):

@@ -30,9 +30,10 @@ __all__ = ["DUMP_WAIT_S", "Probe", "ProbeResult", "STACK_HOOK_PATH", "StackProbe
            "probe_all"]
 
 #: How long one probe waits for a rank to write its dump.
-DUMP_WAIT_S = 1.0
-#: How long a probe waits for the rank's dump thread before it falls back to SIGUSR2.
-FALLBACK_S = 0.5
+DUMP_WAIT_S = 2.0
+#: How long a probe waits for the rank's dump thread before it falls back to SIGUSR2 (a dump thread on a
+#: loaded machine can take a few hundred ms to get the GIL; the fallback is the riskier path).
+FALLBACK_S = 1.0
 #: The directory whose ``sitecustomize`` registers the stack dump (first on a rank's ``PYTHONPATH``).
 STACK_HOOK_PATH = Path(__file__).resolve().parent / "stack_hook"
 #: The most of one dump a probe keeps.

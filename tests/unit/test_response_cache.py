@@ -86,3 +86,24 @@ def test_allgather_entries_keep_each_ranks_own_shape():
     mask, misses = caches[1].encode([meta("g", shape=(5, 3), op_type=OpType.ALLGATHER)])
     assert misses == ()
     assert caches[0].decode(1, mask)[0].shape == (5, 3)
+
+
+def test_requests_every_rank_repeats_skip_negotiation_and_leave_the_rest_to_it():
+    caches = two_ranks()
+    grouped = {rank: meta("g", group="grp", group_size=1) for rank in (0, 1)}
+    record_everywhere(caches, response({0: meta("a"), 1: meta("a")}), response({0: meta("b"), 1: meta("b")}),
+                      response(grouped), Response("s", 1, (0, 1), {0: meta("s", process_set=1),
+                                                                     1: meta("s", process_set=1)}))
+    both = [cache.encode([meta("a"), meta("b"), meta("g", group="grp", group_size=1),
+                          meta("s", process_set=1)])[0] for cache in caches]
+    only_rank_0 = caches[0].encode([meta("c"), meta("a")])[0]
+    for cache in caches:
+        # a and b: every rank sent them again; g (a group) and s (another process set) go to negotiation
+        ready, left = cache.take_common(both, pending=())
+        assert [r.name for r in ready] == ["a", "b"]
+        assert sorted(m.name for rank in (0, 1) for m in cache.decode(rank, left[rank])) == ["g", "g", "s", "s"]
+        # a request another cycle left pending under that key is negotiated as usual
+        ready, left = cache.take_common(both, pending={(0, "a")})
+        assert [r.name for r in ready] == ["b"] and "a" in {m.name for m in cache.decode(0, left[0])}
+        # a bit only one rank set is not common
+        assert cache.take_common([only_rank_0, b""], pending=()) == ([], [only_rank_0, b""])

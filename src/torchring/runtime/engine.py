@@ -348,9 +348,13 @@ class Engine:
         timeline = self.timeline
         timeline.mark_cycle()
         cache = self.response_cache
-        for rank, announcement in enumerate(announcements):
-            metas = [*cache.decode(rank, announcement.cached), *announcement.metas] if announcement.cached \
-                else announcement.metas
+        masks = [announcement.cached for announcement in announcements]
+        repeated: list[Response] = []
+        if all(masks) and not timeline.enabled and not self._negotiator.joined:
+            # the same requests again from every rank (a training loop's steady state): no negotiation
+            repeated, masks = cache.take_common(masks, self._negotiator.pending)
+        for rank, (announcement, mask) in enumerate(zip(announcements, masks, strict=True)):
+            metas = [*cache.decode(rank, mask), *announcement.metas] if mask else announcement.metas
             if timeline.enabled:
                 for meta in metas:
                     if not timeline.negotiating(meta.name):  # also one that began before the timeline did
@@ -359,9 +363,10 @@ class Engine:
             self._negotiator.record(rank, metas)
         responses = self._negotiator.take_ready()
         for response in responses:
-            timeline.negotiate_end(response.name)
+            if timeline.enabled:
+                timeline.negotiate_end(response.name)
             cache.record(response)
-        return responses
+        return [*repeated, *responses] if repeated else responses
 
     def _perform(self, response: Response) -> None:
         if self.rank not in response.members and response.members:
@@ -423,20 +428,22 @@ class Engine:
         with self._cond:
             requests = [self._inflight[response.key] for response in batch]
         timeline, recorder = self.timeline, self.recorder
-        records = [recorder.started(response.op_type.value, response.name) for response in batch]
-        for response in batch:
-            timeline.op_start(response.name, response.op_type.value)
+        # one record for the fused collective: it is one collective on the wire
+        record = recorder.started(batch[0].op_type.value, f"{batch[0].name} (+{len(batch) - 1} fused)")
+        if timeline.enabled:
+            for response in batch:
+                timeline.op_start(response.name, response.op_type.value)
         try:
             launched = self._executor.launch_fused(batch, requests, timeline, _backend_activity(batch[0]))
         except Exception as error:  # noqa: BLE001 - fail these requests only
             launched = Launched.failed(error)
 
         def on_done(results: list[object] | None, error: BaseException | None) -> None:
-            for index, (response, request) in enumerate(zip(batch, requests, strict=True)):
-                recorder.ended(records[index])
-                timeline.op_end(response.name, response.template.dtype, response.template.shape)
-                result = results[index] if results is not None else None
-                self._finish(request, result=result, error=self._data_error(error))
+            recorder.ended(record)
+            if timeline.enabled:
+                for response in batch:
+                    timeline.op_end(response.name, response.template.dtype, response.template.shape)
+            self._finish_many(requests, results, self._data_error(error))
 
         self._completer.add(launched, on_done)
 
@@ -469,6 +476,20 @@ class Engine:
             del self._inflight[request.meta.key]
             self.recorder.finished(request.meta.key)
         request.handle.complete(result, error)
+
+    def _finish_many(self, requests: list[Request], results: list[object] | None,
+                     error: BaseException | None) -> None:
+        """``_finish`` for each of ``requests`` (with ``results[i]``, or all with ``error``), one lock."""
+        finished = []
+        with self._cond:
+            for index, request in enumerate(requests):
+                key = request.meta.key
+                if self._inflight.get(key) is request:
+                    del self._inflight[key]
+                    self.recorder.finished(key)
+                    finished.append((request, results[index] if results is not None else None))
+        for request, result in finished:
+            request.handle.complete(result, error)
 
     def _fail_all(self, error: BaseException) -> None:
         with self._cond:

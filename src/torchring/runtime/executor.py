@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +26,17 @@ from .requests import OpType, Request, RequestMeta
 
 if TYPE_CHECKING:
     from .process_set_table import ProcessSetTable
+
+
+def copy_all(targets: Sequence[torch.Tensor], sources: Sequence[torch.Tensor]) -> None:
+    """``target.copy_(source)`` for each pair, in one call where torch has ``_foreach_copy_``."""
+    foreach_copy = getattr(torch, "_foreach_copy_", None)
+    if foreach_copy is not None and len(targets) > 1:
+        foreach_copy(list(targets), list(sources))
+        return
+    for target, source in zip(targets, sources, strict=True):
+        target.copy_(source)
+
 
 @dataclass
 class DataGroups:
@@ -126,14 +137,15 @@ class Executor:
     def _launch_fused(self, batch: list[Response], buffers: list[torch.Tensor], timeline: Any,
                       backend_activity: str) -> Launched:
         first = batch[0]
-        sizes = [buffer.numel() for buffer in buffers]
+        flat = [buffer if buffer.dim() == 1 else buffer.view(-1) for buffer in buffers]  # contiguous: checked
+        sizes = [buffer.numel() for buffer in flat]
         storage = self.fusion_buffers.acquire(buffers[0], sum(sizes))
         fused = storage[: sum(sizes)]
         names = [response.name for response in batch]
         try:
             self._activity(timeline, names, "MEMCPY_IN_FUSION_BUFFER")
             copy_started = time.perf_counter()
-            torch.cat([buffer.reshape(-1) for buffer in buffers], out=fused)
+            torch.cat(flat, out=fused)
             METRICS.phase("fusion_copy", time.perf_counter() - copy_started)
             METRICS.fused_buffers += 1
             self._activity(timeline, names, backend_activity)
@@ -149,11 +161,11 @@ class Executor:
                 reduction.finish()
                 self._activity(timeline, names, "MEMCPY_OUT_FUSION_BUFFER")
                 copy_started = time.perf_counter()
-                for buffer, part in zip(buffers, fused.split(sizes), strict=True):
-                    buffer.reshape(-1).copy_(part)
+                copy_all(flat, fused.split(sizes))
                 METRICS.phase("fusion_copy", time.perf_counter() - copy_started)
-                for name in names:
-                    timeline.activity_end(name)
+                if timeline.enabled:
+                    for name in names:
+                        timeline.activity_end(name)
             finally:
                 self.fusion_buffers.release(storage)
             return buffers
@@ -162,6 +174,8 @@ class Executor:
 
     @staticmethod
     def _activity(timeline: Any, names: list[str], activity: str) -> None:
+        if not timeline.enabled:
+            return
         for name in names:
             timeline.activity_start(name, activity)
 

@@ -52,7 +52,7 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
                      process_set: ProcessSet = global_process_set) -> int:
     """Start reducing ``tensor`` across ranks in place; return a handle for ``synchronize``."""
     check_tensor(tensor, in_place=True)
-    buffer = tensor.detach()
+    buffer = tensor.detach() if tensor.requires_grad else tensor  # the same storage either way
     set_id = resolve(process_set)
     meta = allreduce_meta(buffer, resolve_op(op, average), prescale_factor, postscale_factor, set_id)
     return submit(meta, "allreduce", name, buffer, finish=lambda _: tensor, process_set=set_id)

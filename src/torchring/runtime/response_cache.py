@@ -11,9 +11,11 @@ first once ``capacity`` entries are held (``HOROVOD_CACHE_CAPACITY``; 0 turns th
 
 from __future__ import annotations
 
+import functools
 import heapq
+import operator
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Container, Iterable, Iterator
 from typing import Any
 
 from .negotiation import Response
@@ -40,6 +42,9 @@ class ResponseCache:
         self._slot_of_own: dict[Identity, int] = {}
         self._free_slots: list[int] = []
         self._next_slot = 0
+        #: slot → its response, for entries that can skip negotiation when every rank announces them
+        #: (global process set, not part of a group): see ``take_common``.
+        self._whole: dict[int, Response] = {}
         self.hits = 0
         self.misses = 0
 
@@ -64,13 +69,34 @@ class ResponseCache:
             else:
                 mask |= 1 << slot
                 self.hits += 1
-        return (mask.to_bytes((mask.bit_length() + 7) // 8, "little") if mask else b""), tuple(misses)
+        return _to_bytes(mask), tuple(misses)
 
     # ---- every rank's side ----------------------------------------------------------------------
 
     def decode(self, rank: int, mask: bytes) -> list[RequestMeta]:
         """The requests ``rank`` announced as cache bits, with sequence numbers ordered by slot."""
         return [RequestMeta._make((*self._by_rank[slot][rank], _CACHED_SEQ_BASE + slot)) for slot in _set_bits(mask)]
+
+    def take_common(self, masks: list[bytes],
+                    pending: Container[tuple[int, str]]) -> tuple[list[Response], list[bytes]]:
+        """The requests every rank announced from the cache in this cycle that need no negotiation: cached
+        entries of the global process set, not in a group, with nothing pending under their key. Every
+        member sent exactly what it sent before, so the response is the cached one. Returns those
+        responses (ordered by slot, the same on every rank) and the masks without their bits."""
+        values = [int.from_bytes(mask, "little") for mask in masks]
+        common = functools.reduce(operator.and_, values) if values else 0
+        ready: list[Response] = []
+        taken = 0
+        for slot in _bits(common):
+            response = self._whole.get(slot)
+            if response is None or response.key in pending:
+                continue
+            ready.append(response)
+            taken |= 1 << slot
+            self._entries.move_to_end(slot)
+        if not taken:
+            return [], masks
+        return ready, [_to_bytes(value & ~taken) for value in values]
 
     def record(self, response: Response) -> None:
         """Remember a response that ran; call it on every rank for the same responses in the same order."""
@@ -94,6 +120,8 @@ class ResponseCache:
         own = dict(key).get(self.rank)
         if own is not None:
             self._slot_of_own[own] = slot
+        if response.process_set == 0 and not response.template.group:
+            self._whole[slot] = response
 
     def _take_new_slot(self) -> int:
         slot = self._next_slot
@@ -103,6 +131,7 @@ class ResponseCache:
     def _evict(self, slot: int) -> None:
         key = self._entries.pop(slot)
         del self._by_rank[slot]
+        self._whole.pop(slot, None)
         del self._slot_of_entry[key]
         own = dict(key).get(self.rank)
         if own is not None and self._slot_of_own.get(own) == slot:
@@ -117,7 +146,14 @@ def _cacheable(response: Response) -> bool:
 
 
 def _set_bits(mask: bytes) -> Iterator[int]:
-    value = int.from_bytes(mask, "little")
+    return _bits(int.from_bytes(mask, "little"))
+
+
+def _to_bytes(value: int) -> bytes:
+    return value.to_bytes((value.bit_length() + 7) // 8, "little") if value else b""
+
+
+def _bits(value: int) -> Iterator[int]:
     while value:
         low = value & -value
         yield low.bit_length() - 1

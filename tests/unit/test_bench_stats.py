@@ -133,6 +133,13 @@ def test_train_and_scaling_tables():
     rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in report.train_table(train).splitlines()[2:]]
     assert rows[0][:5] == ["torchring", "100.0", "127.1", "50.0", "0.50"] and rows[0][6:] == ["0.250", "0.125", "0.500"]
     assert rows[1] == ["ddp", "200.0", "0.0", "100.0", "1.00", "", "", "", ""]
+    # with Horovod in the job: a ratio to it too, after the ratio to DDP
+    train["frameworks"]["horovod"] = {"summary": Summary.of([80.0, 80.0]).to_dict(), "ratio_to_ddp": 0.4,
+                                      "ratio_to_horovod": 1.0}
+    train["frameworks"]["torchring"]["ratio_to_horovod"] = 1.25
+    lines = report.train_table(train).splitlines()
+    assert [cell.strip() for cell in lines[0].split("|")[1:-1]][4:8] == ["vs ddp", "± 95%", "vs horovod", "± 95%"]
+    assert [cell.strip() for cell in lines[2].split("|")[1:-1]][6] == "1.25"
     scaling = {"runs": [{"world_size": 1, "summary": Summary.of([100.0]).to_dict(), "efficiency": 1.0},
                         {"world_size": 2, "summary": Summary.of([150.0]).to_dict(), "efficiency": 0.75}]}
     rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in report.scaling_table(scaling).splitlines()[2:]]

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 import torchring
 
+from .horovod_peer import everyone_agrees, load_horovod
 from .options import CollectivesOptions
 from .sizes import ELEMENT_BYTES, format_size
 from .stats import Summary, algbw, algorithm_bytes, busbw
@@ -92,30 +93,41 @@ BURST_COUNT = 200
 BURST_BYTES = 4096
 
 
-def measure_burst(rounds: int = 5) -> dict[str, Any]:
+def measure_burst(rounds: int = 10, horovod: Any = None) -> dict[str, Any]:
     """``BURST_COUNT`` × 4 KB: torchring ``allreduce_async_`` then ``synchronize`` (fused by the engine)
-    against as many blocking raw ``all_reduce`` calls; the median of ``rounds`` alternating rounds."""
+    against as many blocking raw ``all_reduce`` calls, and against the real Horovod's ``allreduce_async_``
+    when ``horovod`` (its ``horovod.torch``, initialised) is given; the median of ``rounds`` alternating
+    rounds."""
     tensors = [torch.full((BURST_BYTES // ELEMENT_BYTES,), float(i)) for i in range(BURST_COUNT)]
-    times = torch.zeros(2, rounds, dtype=torch.float64)
+    contenders: list[tuple[str, Callable[[], None]]] = [
+        ("torchring", lambda: _async_burst(torchring, tensors, torchring.Sum)),
+        ("raw_blocking", lambda: [dist.all_reduce(t) for t in tensors] and None)]
+    if horovod is not None:
+        contenders.append(("horovod", lambda: _async_burst(horovod, tensors, horovod.Sum)))
+    times = torch.zeros(len(contenders), rounds, dtype=torch.float64)
     for round_index in range(rounds + 1):  # the first round warms up
-        dist.barrier()
-        start = time.perf_counter()
-        handles = [torchring.allreduce_async_(t, name=f"bench.burst.{i}", op=torchring.Sum)
-                   for i, t in enumerate(tensors)]
-        for handle in handles:
-            torchring.synchronize(handle)
-        ours = time.perf_counter() - start
-        dist.barrier()
-        start = time.perf_counter()
-        for t in tensors:
-            dist.all_reduce(t)
-        raw = time.perf_counter() - start
-        if round_index:
-            times[0, round_index - 1], times[1, round_index - 1] = ours, raw
+        for index, (_, run) in enumerate(contenders):
+            dist.barrier()
+            start = time.perf_counter()
+            run()
+            if round_index:
+                times[index, round_index - 1] = time.perf_counter() - start
     dist.all_reduce(times, op=dist.ReduceOp.MAX)
-    ours_ms, raw_ms = Summary.of((times[0] * 1000).tolist()), Summary.of((times[1] * 1000).tolist())
-    return {"count": BURST_COUNT, "bytes": BURST_BYTES, "torchring_ms": ours_ms.to_dict(),
-            "raw_blocking_ms": raw_ms.to_dict(), "speedup": raw_ms.median / ours_ms.median}
+    summaries = {name: Summary.of((times[index] * 1000).tolist()) for index, (name, _) in enumerate(contenders)}
+    result = {"count": BURST_COUNT, "bytes": BURST_BYTES, "torchring_ms": summaries["torchring"].to_dict(),
+              "raw_blocking_ms": summaries["raw_blocking"].to_dict(),
+              "speedup": summaries["raw_blocking"].median / summaries["torchring"].median}
+    if horovod is not None:
+        result["horovod_ms"] = summaries["horovod"].to_dict()
+        result["vs_horovod"] = summaries["horovod"].median / summaries["torchring"].median
+    return result
+
+
+def _async_burst(api: Any, tensors: list[torch.Tensor], op: Any) -> None:
+    """Start every allreduce, then wait for each (the Horovod API: torchring's and Horovod's own)."""
+    handles = [api.allreduce_async_(t, name=f"bench.burst.{i}", op=op) for i, t in enumerate(tensors)]
+    for handle in handles:
+        api.synchronize(handle)
 
 
 def run_collectives(options: CollectivesOptions, log: Callable[[str], None]) -> dict[str, Any]:
@@ -137,9 +149,14 @@ def run_collectives(options: CollectivesOptions, log: Callable[[str], None]) -> 
                 f"({iters} iterations)")
     result = {"mode": "collectives", "ops": list(options.ops), "sizes": list(options.sizes), "results": results}
     if "allreduce" in options.ops:
-        burst = measure_burst()
+        horovod, reason = load_horovod(world_size)
+        if not everyone_agrees(horovod is not None):
+            horovod = None
+            result["horovod_skipped"] = reason or "Horovod could not be used on every rank"
+        burst = measure_burst(horovod=horovod)
         log(f"burst: {BURST_COUNT} x 4K allreduce_async + synchronize {burst['torchring_ms']['median']:.2f} ms, "
             f"{BURST_COUNT} blocking raw all_reduce {burst['raw_blocking_ms']['median']:.2f} ms, "
-            f"speedup {burst['speedup']:.1f}x")
+            f"speedup {burst['speedup']:.1f}x"
+            + (f"; Horovod {burst['horovod_ms']['median']:.2f} ms" if "horovod_ms" in burst else ""))
         result["burst"] = burst
     return result

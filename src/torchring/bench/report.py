@@ -65,9 +65,15 @@ def burst_line(result: Mapping[str, Any]) -> str | None:
     burst = result.get("burst")
     if not burst:
         return None
-    return (f"burst: {burst['count']} x {format_size(burst['bytes'])} allreduce_async + synchronize "
+    line = (f"burst: {burst['count']} x {format_size(burst['bytes'])} allreduce_async + synchronize "
             f"{burst['torchring_ms']['median']:.2f} ms vs {burst['count']} blocking raw all_reduce "
             f"{burst['raw_blocking_ms']['median']:.2f} ms: {burst['speedup']:.1f}x faster")
+    if "horovod_ms" in burst:
+        line += (f"; Horovod's allreduce_async_ + synchronize {burst['horovod_ms']['median']:.2f} ms "
+                 f"(torchring {burst['vs_horovod']:.2f}x Horovod's speed)")
+    elif result.get("horovod_skipped"):
+        line += f"; Horovod not measured: {result['horovod_skipped']}"
+    return line
 
 
 COLLECTIVES_LEGEND = ("ms: median latency; ratio: torchring ms / raw ms; algbw, busbw: GB/s (10^9 bytes/s) "
@@ -75,22 +81,26 @@ COLLECTIVES_LEGEND = ("ms: median latency; ratio: torchring ms / raw ms; algbw, 
 
 
 def train_table(result: Mapping[str, Any]) -> str:
-    """One row per framework: mean img/s ± its 95% interval, per rank, and the ratio to DDP (ratio of the
-    means, ± the 95% interval of the per-round ratios)."""
-    headers = ["framework", "img/s", "± 95%", "img/s per rank", "vs ddp", "± 95%", "engine ms/step", "lane ms/step",
-               "lane copies ms/step"]
+    """One row per framework: mean img/s ± its 95% interval, per rank, and the ratio to DDP and (when it ran)
+    to Horovod (ratio of the means, ± the 95% interval of the per-round ratios)."""
+    peers = [peer for peer in ("ddp", "horovod") if peer in result["frameworks"]] or ["ddp"]
+    headers = ["framework", "img/s", "± 95%", "img/s per rank"]
+    for peer in peers:
+        headers += [f"vs {peer}", "± 95%"]
+    headers += ["engine ms/step", "lane ms/step", "lane copies ms/step"]
     world_size = result.get("meta", {}).get("world_size", 1)
     rows = []
     for name, entry in result["frameworks"].items():
         summary = entry["summary"]
-        per_round = entry.get("ratio_to_ddp_per_round") or {}
+        row = [name, _number(summary["mean"], 1), _number(summary["ci95"], 1), _number(summary["mean"] / world_size, 1)]
+        for peer in peers:
+            per_round = entry.get(f"ratio_to_{peer}_per_round") or {}
+            row += [_number(entry.get(f"ratio_to_{peer}")),
+                    _number(per_round.get("ci95")) if name != peer and per_round else ""]
         cpu = [entry.get(key) for key in ("engine_cpu_ms_per_step", "lane_cpu_ms_per_step",
                                           "lane_copies_ms_per_step")]
-        rows.append([name, _number(summary["mean"], 1), _number(summary["ci95"], 1),
-                     _number(summary["mean"] / world_size, 1), _number(entry.get("ratio_to_ddp")),
-                     _number(per_round.get("ci95")) if name != "ddp" and per_round else "",
-                     *(_number(ms, 3) if ms is not None else "" for ms in cpu)])
-    return markdown_table(headers, rows, [False, True, True, True, True, True, True, True, True])
+        rows.append([*row, *(_number(ms, 3) if ms is not None else "" for ms in cpu)])
+    return markdown_table(headers, rows, [False, *[True] * (len(headers) - 1)])
 
 
 TRAIN_LEGEND = ("engine ms/step: CPU time of torchring's engine thread per training step (negotiation, fusion "

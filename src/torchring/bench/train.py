@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -24,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 import torchring
 from torchring.runtime import context
 
+from .horovod_peer import everyone_agrees, load_horovod
 from .models import NUM_CLASSES, build_model, input_shape
 from .options import TrainOptions
 from .stats import Summary
@@ -58,38 +58,12 @@ def ddp_step(model_name: str, data: torch.Tensor, target: torch.Tensor) -> Step:
     return _step(model, _sgd(model), data, target)
 
 
-def load_horovod(world_size: int) -> tuple[ModuleType | None, str | None]:
-    """Real Horovod's ``horovod.torch``, initialised with this job's ranks, or why it cannot be used."""
-    try:
-        import horovod.torch as hvd
-    except ImportError as error:
-        return None, f"horovod.torch cannot be imported ({error})"
-    package = Path(torchring.__file__).resolve().parent
-    if package in Path(hvd.__file__).resolve().parents:
-        return None, "horovod.torch is torchring's compatibility shim, not Horovod"
-    try:
-        hvd.init()
-    except Exception as error:  # Horovod raises various types when it has no rendezvous
-        return None, f"horovod.torch.init() failed ({type(error).__name__}: {error})"
-    if hvd.size() != world_size:
-        return None, (f"Horovod sees {hvd.size()} rank(s) instead of {world_size}; it needs its own launcher "
-                      "(horovodrun) to find its peers")
-    return hvd, None
-
-
 def horovod_step(hvd: ModuleType, model_name: str, data: torch.Tensor, target: torch.Tensor) -> Step:
     """Horovod itself, set up as torchring is."""
     model = build_model(model_name)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     optimizer = hvd.DistributedOptimizer(_sgd(model), named_parameters=model.named_parameters())
     return _step(model, optimizer, data, target)
-
-
-def _agree(ok: bool) -> bool:
-    """True when every rank says ``ok``."""
-    flag = torch.tensor([1 if ok else 0])
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
 
 
 def set_up(options: TrainOptions) -> tuple[dict[str, Step], dict[str, str]]:
@@ -108,7 +82,7 @@ def set_up(options: TrainOptions) -> tuple[dict[str, Step], dict[str, str]]:
             steps[framework] = ddp_step(options.model, data, target)
         elif framework == "horovod":
             hvd, reason = load_horovod(world_size)
-            if not _agree(hvd is not None):
+            if not everyone_agrees(hvd is not None):
                 skipped[framework] = reason or "Horovod could not be used on every rank"
                 continue
             assert hvd is not None
@@ -163,10 +137,11 @@ def run_train(options: TrainOptions, log: Callable[[str], None]) -> dict[str, An
             entry["engine_cpu_ms_per_step"] = engine_cpu[0].item() * 1000.0 / steps_timed
             entry["lane_cpu_ms_per_step"] = engine_cpu[1].item() * 1000.0 / steps_timed
             entry["lane_copies_ms_per_step"] = engine_cpu[2].item() * 1000.0 / steps_timed
-        if "ddp" in rates:
-            per_round = [mine / theirs for mine, theirs in zip(rates[name], rates["ddp"], strict=True)]
-            entry["ratio_to_ddp"] = entry["summary"]["mean"] / Summary.of(rates["ddp"]).mean
-            entry["ratio_to_ddp_per_round"] = Summary.of(per_round).to_dict()
+        for peer in ("ddp", "horovod"):
+            if peer in rates:
+                per_round = [mine / theirs for mine, theirs in zip(rates[name], rates[peer], strict=True)]
+                entry[f"ratio_to_{peer}"] = entry["summary"]["mean"] / Summary.of(rates[peer]).mean
+                entry[f"ratio_to_{peer}_per_round"] = Summary.of(per_round).to_dict()
         frameworks[name] = entry
     return {"mode": "train", "model": options.model, "batch_size": options.batch_size,
             "warmup_batches": options.warmup_batches, "batches_per_round": options.batches_per_round,

@@ -30,6 +30,8 @@ def resolve_op(op: int | None, average: bool | None) -> ReduceOp:
         raise ValueError("The op parameter supersedes average; give only one of them.")
     if op is None:
         return ReduceOp.AVERAGE if average is None or average else ReduceOp.SUM
+    if op.__class__ is ReduceOp and op is not ReduceOp.ADASUM:
+        return op  # hvd.Sum, hvd.Average...: nothing to convert (this runs for every operation)
     try:
         resolved = ReduceOp(int(op))
     except ValueError:

@@ -76,6 +76,11 @@ def _backend_activity(response: Response) -> str:
     return backend_activity(response.template.device, response.op_type.value)
 
 
+def _duplicate_message(key: RequestKey) -> str:
+    return (f"Duplicate tensor name '{key[1]}': an operation with this name is still in progress on this "
+            "rank. Wait for it (synchronize) or give the new operation another name.")
+
+
 #: A burst of submissions counts as over once no request came for this long.
 BURST_SETTLE_S = 0.0002
 
@@ -151,7 +156,16 @@ class Engine:
 
     def submit(self, request: Request) -> None:
         """Queue ``request``; raise at once for a duplicate name or a stopped engine."""
-        self.submit_many([request])
+        key = request.meta.key
+        with self._cond:
+            self._raise_if_stopped()
+            if key in self._inflight:
+                raise ValueError(_duplicate_message(key))
+            self._inflight[key] = request
+            self._queue.append(request)
+            self.recorder.submitted((request,))
+            if self._wants_notify:
+                self._cond.notify()
 
     def submit_many(self, requests: list[Request]) -> None:
         """Queue ``requests`` together (all or none), so they are negotiated in the same cycle."""
@@ -161,10 +175,7 @@ class Engine:
             duplicates = [key for key in keys if key in self._inflight] or [
                 key for index, key in enumerate(keys) if key in keys[:index]]
             if duplicates:
-                raise ValueError(
-                    f"Duplicate tensor name '{duplicates[0][1]}': an operation with this name is still in "
-                    "progress on this rank. Wait for it (synchronize) or give the new operation another name."
-                )
+                raise ValueError(_duplicate_message(duplicates[0]))
             for key, request in zip(keys, requests, strict=True):
                 self._inflight[key] = request
             self._queue.extend(requests)

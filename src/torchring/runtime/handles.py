@@ -60,9 +60,9 @@ class _HandleTable:
         with self._lock:
             return self._entries.get(number)
 
-    def pop(self, number: int) -> None:
+    def pop(self, number: int) -> tuple[Completion, Callable[[Any], Any]] | None:
         with self._lock:
-            self._entries.pop(number, None)
+            return self._entries.pop(number, None)
 
     def auto_name(self, kind: str, process_set: int = 0) -> str:
         with self._lock:
@@ -222,11 +222,8 @@ def poll(handle: int) -> bool:
 
 def synchronize(handle: int) -> Any:
     """Wait for the operation behind ``handle`` and return its output (raises if it failed)."""
-    entry = _table.get(handle)
+    entry = _table.pop(handle)  # gone from the table whatever the outcome, as Horovod's handles are
     if entry is None:
         return None
     completion, finish = entry
-    try:
-        return finish(completion.wait())
-    finally:
-        _table.pop(handle)
+    return finish(completion.wait())

@@ -118,9 +118,20 @@ def tensor_meta(
     return RequestMeta(
         name=name,
         op_type=op_type,
-        dtype=str(tensor.dtype).removeprefix("torch."),
+        dtype=_dtype_name(tensor.dtype),
         shape=tuple(tensor.shape),
-        device=tensor.device.type,
+        device="cpu" if tensor.is_cpu else tensor.device.type,
         seq=seq,
         **fields,
     )
+
+
+_DTYPE_NAMES: dict[Any, str] = {}
+
+
+def _dtype_name(dtype: Any) -> str:
+    """``float32`` for ``torch.float32`` (remembered: this runs for every request)."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name

@@ -29,7 +29,7 @@ from typing import Any
 
 from .hang_report import RankSample, blame, format_report, parse_dump, rank_list, waiting_in_collective
 from .ops_report import progress_mark
-from .proc_info import process_state
+from .proc_info import is_stopped, process_state
 from .remote_link import RemoteProbe
 from .stack_probe import DUMP_WAIT_S, Probe, ProbeResult, probe_all
 from .stragglers import StragglerWatch
@@ -117,8 +117,7 @@ class HangDetector:
             if isinstance(t.probe, RemoteProbe):
                 stopped = t.last.state == "frozen"
             else:
-                stat = process_state(t.pid or t.process.pid)
-                stopped = stat is not None and stat[0] in "Tt"
+                stopped = is_stopped(process_state(t.pid or t.process.pid))
             if stopped:
                 found.append(t.rank)
         return found

@@ -20,6 +20,11 @@ def process_state(pid: int) -> tuple[str, float] | None:
     return fields[0], (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
+def is_stopped(stat: tuple[str, float] | None) -> bool:
+    """Whether a ``process_state`` result is a stopped process (``T``: SIGSTOP; ``t``: a tracer's stop)."""
+    return stat is not None and stat[0] in "Tt"
+
+
 def catches_signal(pid: int, signum: int) -> bool:
     """Whether ``pid`` has a handler for ``signum`` (``SigCgt`` in /proc/PID/status): sending it is safe."""
     try:

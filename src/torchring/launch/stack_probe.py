@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from ..contract import STACK_FILE_HEADER
 from .ops_report import read_ops_file
-from .proc_info import catches_signal, process_state
+from .proc_info import catches_signal, is_stopped, process_state
 
 __all__ = ["DUMP_WAIT_S", "Probe", "ProbeResult", "STACK_HOOK_PATH", "StackProbe", "prepare_stack_files",
            "probe_all"]
@@ -125,7 +125,7 @@ class StackProbe:
         if self.pid is None:
             self.pid = self._header_pid()
         stat = process_state(self.pid or self.leader_pid)
-        if stat is not None and stat[0] in "Tt":
+        if is_stopped(stat):
             self._state = "frozen"
             return
         self._state = "unsampled"

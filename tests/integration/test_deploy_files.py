@@ -349,7 +349,7 @@ def test_compose_cluster_shape():
         assert service["depends_on"]["keygen"] == {"condition": "service_healthy"}
     assert "command" not in worker  # the entrypoint's default: serve SSH only
     assert launcher["depends_on"]["worker"] == {"condition": "service_healthy"}
-    assert "2222" in " ".join(worker["healthcheck"]["test"])
+    assert f":{2222:04X}'" in " ".join(worker["healthcheck"]["test"])  # sshd's port, as /proc/net/tcp writes it
     script = launcher["command"][-1]
     assert script.index("ssh") < script.index("torchring run")
     assert "torchring run -np 2 -H launcher:1,worker:1 python examples/mnist.py --epochs 1" in script

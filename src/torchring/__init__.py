@@ -13,7 +13,7 @@ whole API as before.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .version import __version__ as __version__
 
@@ -43,6 +43,75 @@ _API: dict[str, tuple[str, ...]] = {
 _MODULE_OF = {name: module for module, names in _API.items() for name in names}
 
 __all__ = sorted([*_MODULE_OF, "__version__", "elastic"])
+
+if TYPE_CHECKING:  # what type checkers and editors see: the same names, imported eagerly
+    from . import elastic
+    from .basics import (
+        cross_rank,
+        cross_size,
+        init,
+        is_homogeneous,
+        is_initialized,
+        local_rank,
+        local_size,
+        rank,
+        shutdown,
+        size,
+        start_timeline,
+        stop_timeline,
+    )
+    from .capabilities import (
+        ccl_built,
+        cuda_built,
+        ddl_built,
+        gloo_built,
+        gloo_enabled,
+        mpi_built,
+        mpi_enabled,
+        mpi_threads_supported,
+        nccl_built,
+        rocm_built,
+    )
+    from .collectives import (
+        allgather,
+        allgather_async,
+        allreduce,
+        allreduce_,
+        allreduce_async,
+        allreduce_async_,
+        alltoall,
+        alltoall_async,
+        barrier,
+        broadcast,
+        broadcast_,
+        broadcast_async,
+        broadcast_async_,
+        join,
+        poll,
+        reducescatter,
+        reducescatter_async,
+        sparse_allreduce_async,
+        synchronize,
+    )
+    from .compression import Compression
+    from .exceptions import HorovodInternalError, HostsUpdatedInterrupt, TensorMismatchError
+    from .function_job import run
+    from .functions import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
+    from .grouped import (
+        grouped_allgather,
+        grouped_allgather_async,
+        grouped_allreduce,
+        grouped_allreduce_,
+        grouped_allreduce_async,
+        grouped_allreduce_async_,
+        grouped_reducescatter,
+        grouped_reducescatter_async,
+    )
+    from .logging_utils import get_logger, progress
+    from .optimizer import DistributedOptimizer
+    from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+    from .reduction import Adasum, Average, Max, Min, Product, ReduceOp, Sum
+    from .sync_batch_norm import SyncBatchNorm
 
 
 def __getattr__(name: str) -> Any:

@@ -166,6 +166,8 @@ class ElasticDriver:
         #: Size of the last generation published, and the rank of each of its workers.
         self._published_size = 0
         self._members: dict[str, int] = {}
+        #: The last generation every member of which has arrived (``hvd.init()`` returned there).
+        self._arrived_generation = -1
 
     # ---- the loop -------------------------------------------------------------------------------
 
@@ -210,6 +212,8 @@ class ElasticDriver:
             if self._stop_signal is not None:
                 self.log(f"received {signal.Signals(self._stop_signal).name}; stopping every worker")
                 return 128 + self._stop_signal
+            if self.detector is not None and self._generation_forming():
+                self.detector.note_progress()  # workers still starting and joining: not a hang
             self._end_stuck_workers()
             change = self._reap()
             if any(w.returncode == 0 for w in self.workers):
@@ -336,6 +340,18 @@ class ElasticDriver:
             return False
         self.spawner.add_reports(reports)
         self._checked_hosts.add(host)
+        return True
+
+    def _generation_forming(self) -> bool:
+        """Whether the current generation is still waiting for some of its workers to arrive (a replacement
+        loading torch and rendezvousing takes seconds; the others wait for it meanwhile)."""
+        if self.generation < 0 or self._arrived_generation == self.generation:
+            return False
+        store = self.server.auth
+        if all(store.get(elastic_arrived_key(self.generation, rank), max_bytes=16) is not None
+               for rank in self._members.values()):
+            self._arrived_generation = self.generation
+            return False
         return True
 
     def _stop_stranded(self) -> None:

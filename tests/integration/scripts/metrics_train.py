@@ -4,6 +4,7 @@ exists (the ranks agree on it through an allreduce, so they stop at the same ste
 ``METRICS_SECONDS`` seconds' worth of steps."""
 
 import os
+import sys
 import time
 
 import torch
@@ -32,3 +33,8 @@ with hvd.progress(desc="train", batch_size=8, total=total_steps) as bar:
             print("ready", flush=True)
         time.sleep(0.05)
 hvd.shutdown()
+# torch 2.13 can abort at interpreter exit after Gloo collectives, even after an orderly shutdown
+# ("terminate called without an active exception": once in 13 runs of this test here); this
+# test is about the metrics, so leave without running the finalizers.
+sys.stdout.flush()
+os._exit(0)

@@ -25,7 +25,8 @@ from ..environments import (
 from ..exceptions import NOT_INITIALIZED_MESSAGE
 from ..store_auth import AuthenticatedStore, job_credentials
 from .control import ControlChannel
-from .engine import Engine, EngineSettings
+from .engine import Engine
+from .engine_data import EngineSettings
 from .executor import DataGroups, Executor
 from .flight_recorder import NULL_RECORDER, Recorder, open_recorder
 from .lanes import GroupOpener, LaneRegistry

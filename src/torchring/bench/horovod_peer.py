@@ -62,7 +62,7 @@ def _join_this_job() -> str | None:
     address = os.environ.get("MASTER_ADDR", "127.0.0.1")
     shared: list[object] = [None]
     if rank == 0:
-        shared[0] = _start_rendezvous(hosts)
+        shared[0] = _start_rendezvous(hosts, slots)
     dist.broadcast_object_list(shared, src=0)
     port = shared[0]
     if not isinstance(port, int):
@@ -93,7 +93,7 @@ def _slots(hosts: list[str]) -> list[tuple[int, int, int, int]]:
     return slots
 
 
-def _start_rendezvous(hosts: list[str]) -> int | str:
+def _start_rendezvous(hosts: list[str], slots: list[tuple[int, int, int, int]]) -> int | str:
     """Rank 0: Horovod's HTTP rendezvous for this layout; its port, or the error as text."""
     try:
         from horovod.runner.common.util.hosts import SlotInfo
@@ -102,7 +102,7 @@ def _start_rendezvous(hosts: list[str]) -> int | str:
         return f"this Horovod has no rendezvous server to import: {error}"
     plan = [SlotInfo(hostname=host, rank=rank, local_rank=local_rank, cross_rank=cross_rank, size=len(hosts),
                      local_size=local_size, cross_size=cross_size)
-            for rank, (host, (local_rank, local_size, cross_rank, cross_size)) in enumerate(zip(hosts, _slots(hosts),
+            for rank, (host, (local_rank, local_size, cross_rank, cross_size)) in enumerate(zip(hosts, slots,
                                                                                              strict=True))]
     try:
         server = RendezvousServer(verbose=0)

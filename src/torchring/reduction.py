@@ -29,9 +29,10 @@ def resolve_op(op: int | None, average: bool | None) -> ReduceOp:
     if op is not None and average is not None:
         raise ValueError("The op parameter supersedes average; give only one of them.")
     if op is None:
-        return ReduceOp.AVERAGE if average is None or average else ReduceOp.SUM
-    if op.__class__ is ReduceOp and op is not ReduceOp.ADASUM:
-        return op  # hvd.Sum, hvd.Average...: nothing to convert (this runs for every operation)
+        return Average if average is None or average else Sum
+    if op.__class__ is ReduceOp and op is not Adasum:
+        return op  # hvd.Sum, hvd.Average...: nothing to convert (this runs for every operation; the module
+        # constants are looked up faster than the class's members)
     try:
         resolved = ReduceOp(int(op))
     except ValueError:

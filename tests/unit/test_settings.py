@@ -4,6 +4,7 @@ import argparse
 import dataclasses
 import logging
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,17 @@ def test_every_tuning_flag_sets_a_known_setting():
     env = tuning_environment(args)
     assert len(env) == 9 and set(env) <= {variable.name for variable in VARIABLES}
     Settings.from_env(env)  # every value the launcher writes parses
+
+
+def test_the_gil_switch_interval_is_the_programs_own_unless_set():
+    from torchring.runtime.context import _apply_gil_switch_interval
+
+    before = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(0.004)
+        _apply_gil_switch_interval(Settings.from_env({}))
+        assert sys.getswitchinterval() == pytest.approx(0.004)  # unset: left alone
+        _apply_gil_switch_interval(Settings.from_env({"TORCHRING_GIL_SWITCH_INTERVAL_MS": "2"}))
+        assert sys.getswitchinterval() == pytest.approx(0.002)
+    finally:
+        sys.setswitchinterval(before)

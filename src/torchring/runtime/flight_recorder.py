@@ -41,6 +41,7 @@ from collections.abc import Hashable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..contract import OPS_FILE
+from .requests import OpType
 
 if TYPE_CHECKING:
     from .requests import Request
@@ -53,6 +54,8 @@ logger = logging.getLogger("torchring")
 _Copyable = TypeVar("_Copyable", collections.deque, dict)
 
 FORMAT_VERSION = 1
+#: ``op_type.value`` of each kind, looked up per request (an enum's ``.value`` is a slow property).
+_OP_NAMES = {op_type: op_type.value for op_type in OpType}
 #: Collectives kept in ``recent``.
 RECENT_OPS = 8
 #: Pending requests written (the oldest ones).
@@ -90,6 +93,9 @@ class Recorder:
 
     def submitted(self, requests: Iterable[Request]) -> None:
         """Requests this rank queued to the engine (they are pending until ``finished``)."""
+
+    def submitted_one(self, request: Request) -> None:
+        """``submitted`` for one request (the engine's path per request)."""
 
     def finished(self, key: Hashable) -> None:
         """The engine request ``key`` completed (or failed)."""
@@ -151,7 +157,11 @@ class FlightRecorder(Recorder):
         pending = self._pending
         for request in requests:
             meta = request.meta
-            pending[meta.key] = (meta.op_type.value, meta.name, now)
+            pending[request.key] = (_OP_NAMES[meta.op_type], meta.name, now)
+
+    def submitted_one(self, request: Request) -> None:
+        meta = request.meta
+        self._pending[request.key] = (_OP_NAMES[meta.op_type], meta.name, time.time())
 
     def finished(self, key: Hashable) -> None:
         self._pending.pop(key, None)

@@ -50,19 +50,19 @@ class _HandleTable:
         self._names: dict[str, int] = {}
         self._seq = itertools.count()
 
+    # add, get and pop run once per operation: each is one step the interpreter does atomically
+    # (``next`` on a counter, one dict operation), so they need no lock.
+
     def add(self, completion: Completion, finish: Callable[[Any], Any]) -> int:
-        with self._lock:
-            number = next(self._counter)
-            self._entries[number] = (completion, finish)
+        number = next(self._counter)
+        self._entries[number] = (completion, finish)
         return number
 
     def get(self, number: int) -> tuple[Completion, Callable[[Any], Any]] | None:
-        with self._lock:
-            return self._entries.get(number)
+        return self._entries.get(number)
 
     def pop(self, number: int) -> tuple[Completion, Callable[[Any], Any]] | None:
-        with self._lock:
-            return self._entries.pop(number, None)
+        return self._entries.pop(number, None)
 
     def auto_name(self, kind: str, process_set: int = 0) -> str:
         with self._lock:
@@ -125,7 +125,7 @@ def check_tensor(tensor: torch.Tensor, in_place: bool) -> None:
 
 
 def _ready_event(tensor: torch.Tensor | None) -> Any:
-    if tensor is None or not tensor.is_cuda:
+    if tensor is None or tensor.is_cpu or not tensor.is_cuda:
         return None
     event = torch.cuda.Event()
     event.record(torch.cuda.current_stream(tensor.device))
@@ -177,14 +177,14 @@ def submit(meta_for: MetaFactory, kind: str, name: str | None, buffer: torch.Ten
         pending.append(request)
     else:
         context.current().engine.submit(request)
-    return _table.add(request.handle, finish)
+    return _table.add(request, finish)
 
 
 def submit_group(requests: Sequence[Request], finish: Callable[[list[Any]], Any]) -> int:
     """Queue requests that run as one unit and return one handle for all of them."""
     engine = context.current().engine
     engine.submit_many(list(requests))
-    return _table.add(GroupHandle([r.handle for r in requests]), finish)
+    return _table.add(GroupHandle(requests), finish)
 
 
 class _CombinedCompletion:
@@ -226,4 +226,14 @@ def synchronize(handle: int) -> Any:
     if entry is None:
         return None
     completion, finish = entry
+    if not completion.done():
+        _about_to_wait()
     return finish(completion.wait())
+
+
+def _about_to_wait() -> None:
+    """This thread blocks on a result: the engine need not wait for more of its submissions (a burst of
+    ``*_async`` calls followed by ``synchronize`` is over)."""
+    runtime = context._runtime
+    if runtime is not None:
+        runtime.engine.hurry()

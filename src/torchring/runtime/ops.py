@@ -12,28 +12,36 @@ from typing import Any
 import torch
 
 from ..process_sets import ProcessSet, global_process_set, resolve
-from ..reduction import ReduceOp, resolve_op
+from ..reduction import Average, ReduceOp, resolve_op
 from . import context
 from .handles import CallableHandle, auto_name, check_tensor, combine, make_request, request_name, submit, submit_group
 from .requests import OpType, Request, RequestMeta, tensor_meta
 
 
+#: ``int(op)`` of each reduction, looked up per request (converting an enum member costs more).
+_OP_NUMBERS = {op: int(op) for op in ReduceOp}
+_ALLREDUCE = OpType.ALLREDUCE
+
+
 def _reduction_meta(op_type: OpType, buffer: torch.Tensor, op: ReduceOp, prescale_factor: float,
-                    postscale_factor: float, process_set: int, **extra: Any) -> Callable[[str, int], RequestMeta]:
-    if op is ReduceOp.AVERAGE and buffer.dtype == torch.bool:
+                    postscale_factor: float, process_set: int, group: str = "",
+                    group_size: int = 0) -> Callable[[str, int], RequestMeta]:
+    if op is Average and buffer.dtype is torch.bool:
         raise ValueError("op=Average is not defined for bool tensors; use Sum, Min or Max")
+    reduce_op, prescale, postscale = _OP_NUMBERS[op], float(prescale_factor), float(postscale_factor)
 
     def meta(name: str, seq: int) -> RequestMeta:
-        return tensor_meta(name, op_type, buffer, seq, reduce_op=int(op), prescale_factor=float(prescale_factor),
-                           postscale_factor=float(postscale_factor), process_set=process_set, **extra)
+        return tensor_meta(name, op_type, buffer, seq, reduce_op, -1, prescale, postscale, process_set, (), group,
+                           group_size)
 
     return meta
 
 
 def allreduce_meta(buffer: torch.Tensor, op: ReduceOp, prescale_factor: float, postscale_factor: float,
-                   process_set: int, **extra: Any) -> Callable[[str, int], RequestMeta]:
+                   process_set: int, group: str = "", group_size: int = 0) -> Callable[[str, int], RequestMeta]:
     """The metadata factory of an allreduce of ``buffer`` (shared with grouped allreduce)."""
-    return _reduction_meta(OpType.ALLREDUCE, buffer, op, prescale_factor, postscale_factor, process_set, **extra)
+    return _reduction_meta(_ALLREDUCE, buffer, op, prescale_factor, postscale_factor, process_set, group,
+                           group_size)
 
 
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,

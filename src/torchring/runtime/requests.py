@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import _thread
-from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, NamedTuple
 
@@ -99,31 +98,45 @@ class Handle:
         return self.result
 
 
-@dataclass
-class Request:
-    """A rank's own request: metadata plus the local tensors the engine works on."""
+class Request(Handle):
+    """A rank's own request: metadata plus the local tensors the engine works on. It is also the handle
+    that completes it (one object per operation instead of two)."""
 
-    meta: RequestMeta
-    #: The tensor the collective reads from and (for allreduce/broadcast) writes into.
-    buffer: torch.Tensor | None = None
-    #: A CUDA event recorded on the submitting stream; the engine waits on it before reading ``buffer``.
-    ready_event: Any = None
-    handle: Handle = field(default_factory=Handle)
+    __slots__ = ("buffer", "key", "meta", "ready_event")
+
+    def __init__(self, meta: RequestMeta, buffer: torch.Tensor | None = None, ready_event: Any = None) -> None:
+        Handle.__init__(self)
+        self.meta = meta
+        #: ``meta.key``, computed once: the engine looks requests up by it several times.
+        self.key: tuple[int, str] = (meta.process_set, meta.name)
+        #: The tensor the collective reads from and (for allreduce/broadcast) writes into.
+        self.buffer = buffer
+        #: A CUDA event recorded on the submitting stream; the engine waits on it before reading ``buffer``.
+        self.ready_event = ready_event
+
+    @property
+    def handle(self) -> Handle:
+        """The completion of this request (the request itself)."""
+        return self
+
+    def __repr__(self) -> str:
+        return f"Request({self.meta!r})"
 
 
 def tensor_meta(
-    name: str, op_type: OpType, tensor: torch.Tensor, seq: int, **fields: Any
+    name: str, op_type: OpType, tensor: torch.Tensor, seq: int, reduce_op: int = -1, root_rank: int = -1,
+    prescale_factor: float = 1.0, postscale_factor: float = 1.0, process_set: int = 0,
+    splits: tuple[int, ...] = (), group: str = "", group_size: int = 0,
 ) -> RequestMeta:
-    """The negotiation metadata of ``tensor`` for an operation of ``op_type``."""
-    return RequestMeta(
-        name=name,
-        op_type=op_type,
-        dtype=_dtype_name(tensor.dtype),
-        shape=tuple(tensor.shape),
-        device="cpu" if tensor.is_cpu else tensor.device.type,
-        seq=seq,
-        **fields,
-    )
+    """The negotiation metadata of ``tensor`` for an operation of ``op_type`` (built positionally: this
+    runs for every request)."""
+    return _new_meta(RequestMeta, (name, op_type, _dtype_name(tensor.dtype), tuple(tensor.shape),
+                                   "cpu" if tensor.is_cpu else tensor.device.type, reduce_op, root_rank,
+                                   prescale_factor, postscale_factor, process_set, splits, group, group_size, seq))
+
+
+#: ``RequestMeta(*fields)`` without the Python-level ``__new__`` a named tuple has (fields in order).
+_new_meta = tuple.__new__
 
 
 _DTYPE_NAMES: dict[Any, str] = {}

@@ -158,7 +158,7 @@ VARIABLES: tuple[Variable, ...] = (
     _own("GRADIENT_LANE", _flag, True, "0 keeps DistributedOptimizer on the engine instead of its bucket lane"),
     _own("IDLE_AFTER_MS", _number, 0.0, "milliseconds engines keep cycling without work before blocking"),
     _own("GIL_SWITCH_INTERVAL_MS", _number, None,
-         "sys.setswitchinterval at init() (unset: 0.5 ms unless the program set a shorter one)"),
+         "sys.setswitchinterval at init() (unset: the program's own, 5 ms by Python's default)"),
     _own("METRICS_PORT", _port, None, "each rank serves Prometheus metrics on this port + its local rank"),
     _own(contract.METRICS_PUBLISH, _flag, False, "publish metrics to the launcher (set by torchring run)"),
     _own("CHECKPOINT_DIR", _text, None, "elastic commits are also written to this directory"),

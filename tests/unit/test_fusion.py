@@ -1,7 +1,7 @@
 """The fusion plan: which negotiated allreduces share one buffer."""
 
 from torchring.reduction import ReduceOp
-from torchring.runtime.fusion import plan_batches
+from torchring.runtime.fusion import BatchPlanner, plan_batches
 from torchring.runtime.negotiation import Response
 from torchring.runtime.requests import OpType, RequestMeta
 
@@ -43,3 +43,14 @@ def test_large_tensors_are_reduced_alone_in_place():
     responses = [response("small", (10,)), response("large", (300_000,)), response("tiny", (2,))]
     assert names(plan_batches(responses, threshold=128 << 20)) == [["small", "tiny"], ["large"]]
     assert names(plan_batches(responses, threshold=128 << 20, separate_at=1 << 30)) == [["small", "large", "tiny"]]
+
+
+def test_the_planner_hands_back_its_last_plan_for_the_same_responses_only():
+    planner = BatchPlanner(threshold=1024)
+    responses = [response("a"), response("b"), response("c")]
+    first = planner.plan(responses)
+    assert names(first) == names(plan_batches(responses, threshold=1024))
+    assert planner.plan(list(responses)) is first  # the same objects again: the remembered plan
+    other = [response("a"), response("b"), response("c")]  # equal names, other objects: planned afresh
+    assert planner.plan(other) is not first and names(planner.plan(other)) == names(first)
+    assert names(planner.plan(responses[:1])) == [["a"]]

@@ -25,29 +25,18 @@ from ..exceptions import HorovodInternalError, TensorMismatchError
 from ..metrics.counters import METRICS
 from .completion import Completer, Launched
 from .control import ControlChannel
-from .engine_data import Announcement, EngineSettings
+from .engine_data import Announcement, EngineSettings, duplicate_message, response_backend_activity, shutdown_error
 from .executor import Executor
 from .flight_recorder import NULL_RECORDER, Recorder
-from .fusion import plan_batches
+from .fusion import BatchPlanner
 from .negotiation import Negotiator, RequestKey, Response
 from .process_set_table import ProcessSetTable
 from .requests import DATA_OPS, OpType, Request
 from .response_cache import ResponseCache
 from .stall_inspector import StallInspector
 from .thread_cpu import thread_cpu_seconds
-from .timeline import NullTimeline, TimelineWriter, backend_activity
+from .timeline import NullTimeline, TimelineWriter
 from .wakeup import Waker
-
-
-def _backend_activity(response: Response) -> str:
-    """The timeline name of the backend step, e.g. ``GLOO_ALLREDUCE`` or ``NCCL_BROADCAST``."""
-    return backend_activity(response.template.device, response.op_type.value)
-
-
-def _duplicate_message(key: RequestKey) -> str:
-    return (f"Duplicate tensor name '{key[1]}': an operation with this name is still in progress on this "
-            "rank. Wait for it (synchronize) or give the new operation another name.")
-
 
 #: A burst of submissions counts as over once no request came for this long.
 BURST_SETTLE_S = 0.0002
@@ -80,6 +69,7 @@ class Engine:
         #: joined), so that its automatic names stay in step with the ranks that submitted it.
         self._skip_name = skip_name
         self._negotiator = Negotiator(size, process_sets.members)
+        self._planner = BatchPlanner(settings.fusion_threshold)
         self.response_cache = ResponseCache(settings.cache_capacity, rank)
         self._cycle_started = 0.0
         #: True after a cycle that carried this rank's requests: the next one waits a full cycle time.
@@ -135,7 +125,7 @@ class Engine:
             if self._failure is not None or self._stopped_by or self._shutdown_requested or self._stopped.is_set():
                 self._raise_if_stopped()
             if key in self._inflight:
-                raise ValueError(_duplicate_message(key))
+                raise ValueError(duplicate_message(key))
             self._inflight[key] = request
             self._queue.append(request)
             self.recorder.submitted_one(request)
@@ -150,7 +140,7 @@ class Engine:
             duplicates = [key for key in keys if key in self._inflight] or [
                 key for index, key in enumerate(keys) if key in keys[:index]]
             if duplicates:
-                raise ValueError(_duplicate_message(duplicates[0]))
+                raise ValueError(duplicate_message(duplicates[0]))
             for key, request in zip(keys, requests, strict=True):
                 self._inflight[key] = request
             self._queue.extend(requests)
@@ -178,7 +168,7 @@ class Engine:
             raise HorovodInternalError(str(self._failure)) from self._failure
         if self._stopped_by and self.rank not in self._stopped_by:
             self._note_peer_failure(f"submitted after rank {self._stopped_by} shut down")
-            raise self._shutdown_error(self._stopped_by)
+            raise shutdown_error(self._stopped_by)
         if self._stopped.is_set() or self._shutdown_requested:
             raise HorovodInternalError(
                 "torchring has been shut down; call hvd.init() again before submitting operations."
@@ -204,7 +194,7 @@ class Engine:
                 announcements = self._exchange(announcement)
                 responses = self._negotiate(announcements)
                 METRICS.phase("negotiation", time.perf_counter() - negotiation_started)
-                for batch in plan_batches(responses, self._settings.fusion_threshold):
+                for batch in self._planner.plan(responses):
                     if len(batch) == 1:
                         self._perform(batch[0])
                     else:
@@ -226,7 +216,7 @@ class Engine:
                         operations_lost = bool(self._inflight)
                     if operations_lost and self.rank not in stopping_ranks:
                         self._note_peer_failure(f"shut down by rank {stopping_ranks}")
-                    self._fail_all(self._shutdown_error(stopping_ranks))
+                    self._fail_all(shutdown_error(stopping_ranks))
                     return
                 empty = not responses and not any(a.metas or a.cached for a in announcements)
                 self._empty_cycles = self._empty_cycles + 1 if empty else 0
@@ -387,7 +377,7 @@ class Engine:
         meta = response.template
         record = recorder.started(op_type.value, response.name)
         timeline.op_start(response.name, op_type.value)
-        timeline.activity_start(response.name, _backend_activity(response))
+        timeline.activity_start(response.name, response_backend_activity(response))
         try:
             launched = self._executor.launch(response, request)
         except Exception as error:  # noqa: BLE001 - e.g. a dtype the backend cannot move: fail this request only
@@ -432,7 +422,7 @@ class Engine:
             for response in batch:
                 timeline.op_start(response.name, response.op_type.value)
         try:
-            launched = self._executor.launch_fused(batch, requests, timeline, _backend_activity(batch[0]))
+            launched = self._executor.launch_fused(batch, requests, timeline, response_backend_activity(batch[0]))
         except Exception as error:  # noqa: BLE001 - fail these requests only
             launched = Launched.failed(error)
 
@@ -499,14 +489,6 @@ class Engine:
         for request in requests:
             self.recorder.finished(request.key)
             request.complete(error=error)
-
-    def _shutdown_error(self, stopping_ranks: list[int]) -> HorovodInternalError:
-        who = ", ".join(map(str, stopping_ranks))
-        return HorovodInternalError(
-            f"torchring has been shut down (by rank {who}). This is caused by hvd.shutdown() or the end "
-            "of the program on that rank, or by an exception there; operations still pending on this "
-            "rank can no longer complete."
-        )
 
     def _inspect_stalls(self) -> None:
         abort = self._stalls.inspect()

@@ -1,10 +1,14 @@
-"""What the engine (``runtime.engine``) is configured with, and what each rank contributes to a cycle."""
+"""What the engine (``runtime.engine``) is configured with, what each rank contributes to a cycle, and
+the texts of the errors it raises."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..exceptions import HorovodInternalError
+from .negotiation import RequestKey, Response
 from .requests import RequestMeta
+from .timeline import backend_activity
 
 
 @dataclass(frozen=True)
@@ -37,3 +41,24 @@ class EngineSettings:
     #: 1: engines block until woken as soon as nothing is pending; more: only after that many consecutive
     #: empty cycles. Every rank must use the same number (they go idle together).
     idle_cycles: int = 1
+
+
+def response_backend_activity(response: Response) -> str:
+    """The timeline name of the backend step, e.g. ``GLOO_ALLREDUCE`` or ``NCCL_BROADCAST``."""
+    return backend_activity(response.template.device, response.op_type.value)
+
+
+def duplicate_message(key: RequestKey) -> str:
+    """The error for a second request under a name still in flight on this rank."""
+    return (f"Duplicate tensor name '{key[1]}': an operation with this name is still in progress on this "
+            "rank. Wait for it (synchronize) or give the new operation another name.")
+
+
+def shutdown_error(stopping_ranks: list[int]) -> HorovodInternalError:
+    """The error of operations that can no longer complete because ``stopping_ranks`` shut down."""
+    who = ", ".join(map(str, stopping_ranks))
+    return HorovodInternalError(
+        f"torchring has been shut down (by rank {who}). This is caused by hvd.shutdown() or the end "
+        "of the program on that rank, or by an exception there; operations still pending on this "
+        "rank can no longer complete."
+    )

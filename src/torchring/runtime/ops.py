@@ -17,7 +17,6 @@ from . import context
 from .handles import CallableHandle, auto_name, check_tensor, combine, make_request, request_name, submit, submit_group
 from .requests import OpType, Request, RequestMeta, tensor_meta
 
-
 #: ``int(op)`` of each reduction, looked up per request (converting an enum member costs more).
 _OP_NUMBERS = {op: int(op) for op in ReduceOp}
 _ALLREDUCE = OpType.ALLREDUCE

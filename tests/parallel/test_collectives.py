@@ -1,5 +1,8 @@
 """Every collective, op, async and in-place form, on real Gloo groups."""
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -251,3 +254,33 @@ def test_a_tiny_cache_reuses_slots_without_mixing_requests_up(rank, size, monkey
         monkeypatch.delenv("HOROVOD_CACHE_CAPACITY")
         hvd.shutdown()
         hvd.init()
+
+
+def _gloo_threads() -> list[str]:
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            names.append(Path(f"/proc/self/task/{task}/comm").read_text().strip())
+        except OSError:  # the thread ended meanwhile
+            pass
+    return sorted(name for name in names if "gloo" in name)
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+def test_shutdown_destroys_its_groups_at_once_even_while_an_optimizer_holds_its_lane(size):
+    """Groups left to the garbage collector may be destroyed at interpreter exit, where a Gloo thread
+    releasing a tensor aborts the process; shutdown must destroy them itself."""
+    hvd.shutdown()
+    baseline = _gloo_threads()  # what other code in this process keeps (torch.distributed's own groups)
+    hvd.init()
+    model = torch.nn.Linear(4, 2)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters())
+    for _ in range(3):  # the second step onwards runs on the optimizer's lane, a group of its own
+        optimizer.zero_grad()
+        model(torch.ones(2, 4)).sum().backward()
+        optimizer.step()
+    assert len(_gloo_threads()) > len(baseline)
+    hvd.shutdown()
+    assert _gloo_threads() == baseline
+    hvd.init()

@@ -327,6 +327,13 @@ def shutdown() -> None:
     runtime.recorder.close()
     for groups in runtime.process_sets.all_groups():
         groups.shutdown()
+    # The groups are dropped, not only shut down (``DataGroups.shutdown``, ``ControlChannel.close``), so
+    # that they are destroyed now even while an optimizer's lane still refers to them, instead of at a
+    # garbage collection, possibly the one at interpreter exit. A Gloo group's worker thread that then
+    # releases its last finished work drops tensors whose Python objects need the interpreter lock,
+    # which a finalizing interpreter no longer gives: the thread is torn down inside C++ and the process
+    # aborts ("terminate called without an active exception"). Destroying a group joins its threads
+    # while they can still take the lock.
     DataGroups(runtime.control_group).shutdown()
 
 

@@ -54,6 +54,11 @@ class ControlChannel:
         self._allgather(torch.frombuffer(gathered, dtype=torch.uint8), torch.frombuffer(slot, dtype=torch.uint8))
         return [bytes(gathered[r * width:r * width + n]) for r, n in enumerate(lengths)]
 
+    def close(self) -> None:
+        """Drop the group (the engine calls this when it stops), so that it can be destroyed although
+        objects that outlive ``shutdown()`` still refer to the engine."""
+        self.group = None
+
     def _allgather(self, output: torch.Tensor, slot: torch.Tensor) -> None:
         assert self.group is not None
         self.group._allgather_base(output, slot).wait()

@@ -233,6 +233,7 @@ class Engine:
                 pass
         finally:
             self._completer.close()
+            self._control.close()
             self._waker.close()
             self.timeline.close()
             self._stopped.set()

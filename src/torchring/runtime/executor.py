@@ -56,8 +56,11 @@ class DataGroups:
         return group
 
     def shutdown(self) -> None:
-        """Release the groups (a group whose peer is gone may refuse; that is fine here)."""
-        for group in (self.cpu, self.cuda):
+        """Release the groups (a group whose peer is gone may refuse; that is fine here) and drop them,
+        so that they are destroyed even while something still holds these ``DataGroups`` (an
+        optimizer's lane): a destroyed group has joined its threads (see ``context.shutdown``)."""
+        groups, self.cpu, self.cuda = (self.cpu, self.cuda), None, None
+        for group in groups:
             if group is not None and hasattr(group, "shutdown"):
                 try:
                     group.shutdown()

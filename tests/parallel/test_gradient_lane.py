@@ -35,10 +35,10 @@ def expected_gradients(rank: int, step: int, size: int, scale: float) -> list[to
     return [sum(grads[i] for grads in per_rank) * scale for i in range(len(per_rank[0]))]
 
 
-def run_steps(optimizer, model, rank, steps, size, scale):
+def run_steps(optimizer, model, rank, steps, size, scale, set_to_none=True):
     """Reduce ``steps`` steps of gradients of a model that does not move (lr 0), checking each."""
     for step in range(steps):
-        optimizer.zero_grad()
+        optimizer.zero_grad(set_to_none=set_to_none)
         data, target = batch(rank, step)
         nn.functional.cross_entropy(model(data), target).backward()
         optimizer.synchronize()
@@ -57,6 +57,20 @@ def test_lane_opens_after_first_step_and_matches_negotiated_results(rank, size, 
     run_steps(optimizer, model, rank, 1, size, scale_of_size(size))
     assert optimizer._lane is not None
     run_steps(optimizer, model, rank, 4, size, scale_of_size(size))
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_reduced_gradients_are_slices_of_the_bucket_and_stay_right_step_after_step(rank, size, set_to_none):
+    """Zero-copy buckets: after a step the small gradients are views into their bucket's flat buffer
+    (nothing copied back); with set_to_none=False backward accumulates into that buffer itself."""
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                         named_parameters=model.named_parameters())
+    run_steps(optimizer, model, rank, 4, size, 1.0 / size, set_to_none=set_to_none)
+    small = [p for p in model.parameters() if p.numel() * p.element_size() < (1 << 20)]
+    bases = {p.grad.untyped_storage().data_ptr() for p in small}
+    assert len(small) >= 2 and len(bases) < len(small)  # several gradients share one buffer
+    run_steps(optimizer, model, rank, 2, size, 1.0 / size, set_to_none=set_to_none)
 
 
 def test_lane_with_predivide_factor_and_fp16_compression(rank, size):

@@ -2,7 +2,7 @@
 
 import torch
 
-from torchring.runtime.gradient_buckets import FIRST_BUCKET_BYTES, plan_buckets
+from torchring.runtime.gradient_buckets import FIRST_BUCKET_BYTES, Bucket, pack_bucket, plan_buckets, unpack_bucket
 
 
 def shapes(buckets):
@@ -30,3 +30,49 @@ def test_dtypes_never_share_a_bucket_and_the_flat_buffer_is_reused():
     assert shapes(buckets) == [[(4,), (4,)], [(4,)]]
     flat = buckets[0].flat_buffer()
     assert flat.numel() == 8 and flat.dtype == torch.float32 and buckets[0].flat_buffer() is flat
+
+
+def _bucket_with_grads(*values):
+    params = [torch.zeros(2, 2, requires_grad=True), torch.zeros(3, requires_grad=True)]
+    for param, value in zip(params, values, strict=True):
+        param.grad = torch.full_like(param, value)
+    return Bucket(0, params)
+
+
+def test_after_a_reduction_the_gradients_are_slices_of_the_bucket_buffer():
+    bucket = _bucket_with_grads(1.0, 2.0)
+    flat = pack_bucket(bucket)
+    assert flat.tolist() == [1.0] * 4 + [2.0] * 3
+    flat.mul_(10)  # "the reduction", in place
+    unpack_bucket(bucket, flat)
+    assert [p.grad.data_ptr() for p in bucket.params] == [flat.data_ptr(), flat.data_ptr() + 4 * 4]
+    assert bucket.params[0].grad.shape == (2, 2) and bucket.params[1].grad.tolist() == [20.0] * 3
+
+
+def test_gradients_kept_as_slices_are_not_copied_and_new_ones_are():
+    bucket = _bucket_with_grads(1.0, 2.0)
+    unpack_bucket(bucket, pack_bucket(bucket))
+    for param in bucket.params:  # zero_grad(set_to_none=False), then backward accumulating in place
+        param.grad.zero_().add_(5.0)
+    assert bucket.grads_are_views() and pack_bucket(bucket).tolist() == [5.0] * 7
+    bucket.params[1].grad = torch.full((3,), 7.0)  # zero_grad(set_to_none=True), then a new gradient
+    assert not bucket.grads_are_views() and pack_bucket(bucket).tolist() == [5.0] * 4 + [7.0] * 3
+
+
+def test_a_reduced_copy_is_copied_into_the_gradients_and_extra_elements_follow_them():
+    bucket = _bucket_with_grads(1.0, 2.0)
+    flat = pack_bucket(bucket, extra=2)
+    assert flat.numel() == 9 and flat[:7].tolist() == [1.0] * 4 + [2.0] * 3
+    unpack_bucket(bucket, torch.arange(9.0))  # e.g. decompressed from float16: not the buffer
+    assert bucket.params[0].grad.flatten().tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert bucket.params[1].grad.data_ptr() != flat.data_ptr() + 4 * 4
+
+
+def test_a_non_contiguous_parameter_keeps_its_own_gradient():
+    params = [torch.zeros(3, 2).t().requires_grad_(), torch.zeros(3, requires_grad=True)]
+    for param in params:
+        param.grad = torch.ones_like(param)
+    bucket = Bucket(0, params)
+    flat = pack_bucket(bucket)
+    unpack_bucket(bucket, flat)
+    assert not bucket.grads_are_views() and params[0].grad.tolist() == [[1.0] * 3] * 2

@@ -29,17 +29,67 @@ class Bucket:
     params: list[torch.Tensor]
     ready: set[int] = field(default_factory=set)
     buffer: torch.Tensor | None = None
+    #: Each parameter's slice of ``buffer``, shaped like it: after a reduction these *are* the gradients.
+    views: list[torch.Tensor] | None = None
 
     @property
     def numel(self) -> int:
         return sum(p.numel() for p in self.params)
 
-    def flat_buffer(self) -> torch.Tensor:
-        """The bucket's reusable flat buffer (dtype and device of its parameters)."""
-        if self.buffer is None:
+    def flat_buffer(self, extra: int = 0) -> torch.Tensor:
+        """The bucket's reusable flat buffer (dtype and device of its parameters), with ``extra`` elements
+        after the gradients (the lane's carrier bookkeeping). A new size makes a new buffer."""
+        wanted = self.numel + extra
+        if self.buffer is None or self.buffer.numel() != wanted:
             first = self.params[0]
-            self.buffer = torch.empty(self.numel, dtype=first.dtype, device=first.device)
+            self.buffer = torch.empty(wanted, dtype=first.dtype, device=first.device)
+            self.views = None  # gradients that are slices of the old buffer get copied from it once
         return self.buffer
+
+    def grads_are_views(self) -> bool:
+        """Whether every gradient still is its slice of ``buffer`` (``zero_grad(set_to_none=False)`` keeps
+        them, and backward then accumulates into the buffer itself)."""
+        views = self.views
+        return views is not None and all(p.grad is v for p, v in zip(self.params, views, strict=True))
+
+    def gather_grads(self, extra: int = 0) -> torch.Tensor:
+        """The gradients in ``flat_buffer(extra)``, copying only those that are not already its slices."""
+        flat = self.flat_buffer(extra)
+        views = self.views
+        kept = [p.grad is v for p, v in zip(self.params, views, strict=True)] if views is not None else []
+        if not any(kept):
+            torch.cat([param.grad.reshape(-1) for param in self.params], out=flat[:flat.numel() - extra])
+        elif not all(kept):  # some gradients were replaced (e.g. set to None, then computed again)
+            assert views is not None
+            for param, view, is_view in zip(self.params, views, kept, strict=True):
+                if not is_view:
+                    view.copy_(param.grad)
+        return flat
+
+    def make_grads_views(self) -> bool:
+        """Make each parameter's gradient its slice of ``buffer`` (which holds the reduced gradients), so
+        that nothing is copied back. Only where a slice can stand for the gradient: a contiguous
+        parameter of the buffer's dtype and device. Returns whether it did."""
+        if self.views is None:
+            buffer = self.buffer
+            if buffer is None or not all(_viewable(p, buffer) for p in self.params):
+                return False
+            views, offset = [], 0
+            for param in self.params:
+                count = param.numel()
+                views.append(buffer[offset:offset + count].view_as(param))
+                offset += count
+            self.views = views
+        for param, view in zip(self.params, self.views, strict=True):
+            if param.grad is not view:
+                param.grad = view
+        return True
+
+
+def _viewable(param: torch.Tensor, buffer: torch.Tensor) -> bool:
+    grad = param.grad
+    return (param.is_contiguous() and param.dtype == buffer.dtype and param.device == buffer.device
+            and grad is not None and not grad.is_sparse)
 
 
 def plan_buckets(params: Sequence[torch.Tensor], cap_bytes: int) -> list[Bucket]:
@@ -70,23 +120,26 @@ def plan_buckets(params: Sequence[torch.Tensor], cap_bytes: int) -> list[Bucket]
     return buckets
 
 
-def pack_bucket(bucket: Bucket) -> torch.Tensor:
-    """What ``bucket`` reduces: the gradient itself for a bucket of one, else its gradients concatenated
-    into the bucket's flat buffer."""
+def pack_bucket(bucket: Bucket, extra: int = 0) -> torch.Tensor:
+    """What ``bucket`` reduces: the gradient itself for a bucket of one (and no ``extra``), else its
+    gradients concatenated into the bucket's flat buffer, followed by ``extra`` elements the caller
+    fills. Gradients that already are the buffer's slices (see ``Bucket.make_grads_views``) are not
+    copied."""
     params = bucket.params
-    if len(params) == 1:
+    if len(params) == 1 and not extra:
         return params[0].grad
-    flat = bucket.flat_buffer()
-    torch.cat([param.grad.reshape(-1) for param in params], out=flat)
-    return flat
+    return bucket.gather_grads(extra)
 
 
 def unpack_bucket(bucket: Bucket, reduced: torch.Tensor) -> None:
-    """Copy ``reduced`` (what ``pack_bucket`` packed, after reduction) back into the bucket's gradients."""
+    """Put ``reduced`` (what ``pack_bucket`` packed, after reduction) into the bucket's gradients: the
+    bucket's own buffer becomes them (its slices), anything else (a decompressed copy) is copied in."""
     params = bucket.params
     if len(params) == 1 and reduced.shape == params[0].grad.shape:
         if reduced is not params[0].grad:
             params[0].grad.copy_(reduced)
+        return
+    if reduced is bucket.buffer and bucket.make_grads_views():
         return
     offset = 0
     for param in params:

@@ -91,7 +91,6 @@ class GradientLane:
         shared = [b.index for b in self.buckets if len(b.params) > 1]
         #: The bucket that carries the "still training" flag; None: a one-element flag travels after the last.
         self.carrier: int | None = shared[0] if shared else None
-        self._carrier_buffer: torch.Tensor | None = None
         self._shadow_buffers: dict[int, torch.Tensor] = {}
         #: How long this rank waited for the last step's first bucket (reported in the next carrier).
         self._last_wait_ms = 0.0
@@ -193,11 +192,8 @@ class GradientLane:
             return buffer
         if not is_carrier:
             return pack_bucket(bucket)
-        if self._carrier_buffer is None:
-            self._carrier_buffer = params[0].new_empty(bucket.numel + self._carrier_extra)
-        buffer = self._carrier_buffer
+        buffer = pack_bucket(bucket, extra=self._carrier_extra)
         numel = bucket.numel
-        torch.cat([p.grad.reshape(-1) for p in params], out=buffer[:numel])
         buffer[numel:].zero_()
         buffer[numel] = flag
         buffer[numel + 1 + self._settings.set_rank] = min(self._last_wait_ms, MAX_REPORTED_WAIT_MS)

@@ -280,7 +280,10 @@ def test_shutdown_destroys_its_groups_at_once_even_while_an_optimizer_holds_its_
         optimizer.zero_grad()
         model(torch.ones(2, 4)).sum().backward()
         optimizer.step()
-    assert len(_gloo_threads()) > len(baseline)
+    named = len(_gloo_threads()) > len(baseline)
     hvd.shutdown()
-    assert _gloo_threads() == baseline
+    left = _gloo_threads()
     hvd.init()
+    if not named:
+        pytest.skip("this torch does not name Gloo's threads (torch 2.4 does not)")
+    assert left == baseline

@@ -354,6 +354,11 @@ def stop_timeline() -> None:
     previous.close()
 
 
+def current_or_none() -> Runtime | None:
+    """The active runtime, or None before ``init()`` and after ``shutdown()``."""
+    return _runtime
+
+
 def is_initialized() -> bool:
     """True between ``init()`` and ``shutdown()``."""
     return _runtime is not None

@@ -122,8 +122,7 @@ class Engine:
         """Queue ``request``; raise at once for a duplicate name or a stopped engine."""
         key = request.key
         with self._lock:
-            if self._failure is not None or self._stopped_by or self._shutdown_requested or self._stopped.is_set():
-                self._raise_if_stopped()
+            self._raise_if_stopped()
             if key in self._inflight:
                 raise ValueError(duplicate_message(key))
             self._inflight[key] = request

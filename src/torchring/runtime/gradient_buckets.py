@@ -49,14 +49,20 @@ class Bucket:
     def grads_are_views(self) -> bool:
         """Whether every gradient still is its slice of ``buffer`` (``zero_grad(set_to_none=False)`` keeps
         them, and backward then accumulates into the buffer itself)."""
+        return all(self._kept_as_views())
+
+    def _kept_as_views(self) -> list[bool]:
+        """For each parameter, whether its gradient is its slice of ``buffer``."""
         views = self.views
-        return views is not None and all(p.grad is v for p, v in zip(self.params, views, strict=True))
+        if views is None:
+            return [False] * len(self.params)
+        return [p.grad is v for p, v in zip(self.params, views, strict=True)]
 
     def gather_grads(self, extra: int = 0) -> torch.Tensor:
         """The gradients in ``flat_buffer(extra)``, copying only those that are not already its slices."""
         flat = self.flat_buffer(extra)
         views = self.views
-        kept = [p.grad is v for p, v in zip(self.params, views, strict=True)] if views is not None else []
+        kept = self._kept_as_views()
         if not any(kept):
             torch.cat([param.grad.reshape(-1) for param in self.params], out=flat[:flat.numel() - extra])
         elif not all(kept):  # some gradients were replaced (e.g. set to None, then computed again)

@@ -234,6 +234,6 @@ def synchronize(handle: int) -> Any:
 def _about_to_wait() -> None:
     """This thread blocks on a result: the engine need not wait for more of its submissions (a burst of
     ``*_async`` calls followed by ``synchronize`` is over)."""
-    runtime = context._runtime
+    runtime = context.current_or_none()
     if runtime is not None:
         runtime.engine.hurry()

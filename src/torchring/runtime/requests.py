@@ -114,11 +114,6 @@ class Request(Handle):
         #: A CUDA event recorded on the submitting stream; the engine waits on it before reading ``buffer``.
         self.ready_event = ready_event
 
-    @property
-    def handle(self) -> Handle:
-        """The completion of this request (the request itself)."""
-        return self
-
     def __repr__(self) -> str:
         return f"Request({self.meta!r})"
 

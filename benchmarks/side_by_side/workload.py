@@ -50,14 +50,11 @@ def timed_ms(run: Callable[[], Any], rounds: int, warmup: int = 20) -> float:
 
 
 def burst(rounds: int) -> str:
-    tensors = [torch.ones(1024) for _ in range(200)]
+    from torchring.bench.collectives import BURST_BYTES, BURST_COUNT, async_burst
 
-    def run() -> None:
-        handles = [hvd.allreduce_async_(t, name=f"burst.{i}", op=hvd.Sum) for i, t in enumerate(tensors)]
-        for handle in handles:
-            hvd.synchronize(handle)
-
-    return f"200 x 4 KB allreduce_async_ + synchronize: {timed_ms(run, rounds):.2f} ms"
+    tensors = [torch.ones(BURST_BYTES // 4) for _ in range(BURST_COUNT)]
+    elapsed = timed_ms(lambda: async_burst(hvd, tensors, hvd.Sum), rounds)
+    return f"{BURST_COUNT} x 4 KB allreduce_async_ + synchronize: {elapsed:.2f} ms"
 
 
 def latency(rounds: int) -> str:

@@ -100,10 +100,10 @@ def measure_burst(rounds: int = 10, horovod: Any = None) -> dict[str, Any]:
     rounds."""
     tensors = [torch.full((BURST_BYTES // ELEMENT_BYTES,), float(i)) for i in range(BURST_COUNT)]
     contenders: list[tuple[str, Callable[[], None]]] = [
-        ("torchring", lambda: _async_burst(torchring, tensors, torchring.Sum)),
+        ("torchring", lambda: async_burst(torchring, tensors, torchring.Sum)),
         ("raw_blocking", lambda: [dist.all_reduce(t) for t in tensors] and None)]
     if horovod is not None:
-        contenders.append(("horovod", lambda: _async_burst(horovod, tensors, horovod.Sum)))
+        contenders.append(("horovod", lambda: async_burst(horovod, tensors, horovod.Sum)))
     times = torch.zeros(len(contenders), rounds, dtype=torch.float64)
     for round_index in range(rounds + 1):  # the first round warms up
         for index, (_, run) in enumerate(contenders):
@@ -123,8 +123,9 @@ def measure_burst(rounds: int = 10, horovod: Any = None) -> dict[str, Any]:
     return result
 
 
-def _async_burst(api: Any, tensors: list[torch.Tensor], op: Any) -> None:
-    """Start every allreduce, then wait for each (the Horovod API: torchring's and Horovod's own)."""
+def async_burst(api: Any, tensors: list[torch.Tensor], op: Any) -> None:
+    """Start every allreduce, then wait for each (the Horovod API: torchring's and Horovod's own; also
+    run by ``benchmarks/side_by_side`` under each one's launcher)."""
     handles = [api.allreduce_async_(t, name=f"bench.burst.{i}", op=op) for i, t in enumerate(tensors)]
     for handle in handles:
         api.synchronize(handle)

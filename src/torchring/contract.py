@@ -56,6 +56,15 @@ def peer_failure_key(rank: int) -> str:
     return f"torchring/peer_failure/{rank}"
 
 
+def own_failure_key(rank: int) -> str:
+    """Where a rank records the exception of its own that ends it (``rank_failure``; read by the launcher)."""
+    return f"torchring/own_failure/{rank}"
+
+
+#: Where the ranks' engines record that they found the job deadlocked (``runtime.deadlock``): JSON with
+#: the blamed ranks and the report, read by the launcher.
+DEADLOCK_KEY = "torchring/deadlock"
+
 #: Where the elastic launcher publishes the host set's version: ``"<version> <added|removed>"``.
 HOSTS_VERSION_KEY = "torchring/elastic/hosts_version"
 

@@ -122,3 +122,48 @@ def test_when_every_rank_waits_the_smallest_group_is_blamed_and_one_group_blames
 def test_unknown_lines_are_skipped_and_the_interval_is_a_clamped_tenth():
     assert parse_dump("garbage\n\n") == ()
     assert sampling_interval(4) == 1 and sampling_interval(120) == 12 and sampling_interval(3000) == 30
+
+
+def _thread(ident, *frames):
+    from torchring.launch.hang_report import Frame, ThreadStack
+
+    return ThreadStack(ident, False, tuple(Frame(f, line, fn) for f, line, fn in frames))
+
+
+def test_a_wait_loop_inside_torchring_is_not_progress_but_the_scripts_own_frames_are():
+    from torchring.launch.hang_report import progress_signature
+
+    site = "/venv/lib/python3.12/site-packages"
+    user = ("/job/train.py", 30, "<module>")
+
+    def rank(wait_line, engine_line, user_frame=user):
+        main = _thread("0x1", (f"{site}/torchring/runtime/requests.py", wait_line, "wait_done"),
+                       (f"{site}/torchring/runtime/handles.py", 231, "synchronize"), user_frame)
+        engine = _thread("0x2", ("/usr/lib/python3.12/threading.py", 355, "wait"),
+                         (f"{site}/torchring/runtime/engine.py", engine_line, "_wait_for_cycle"),
+                         ("/usr/lib/python3.12/threading.py", 1012, "run"))
+        recorder = _thread("0x3", ("/job/helpers.py", 5, "load"), ("/usr/lib/python3.12/threading.py", 1012, "run"))
+        return (main, engine, recorder)
+
+    assert progress_signature(rank(80, 270)) == progress_signature(rank(84, 301))
+    assert progress_signature(rank(80, 270)) != progress_signature(rank(80, 270, ("/job/train.py", 31, "<module>")))
+    # a thread of the script's own waiting on an Event stays as it is
+    own_wait = _thread("0x4", ("/usr/lib/python3.12/threading.py", 355, "wait"), ("/job/train.py", 8, "worker"))
+    assert progress_signature((own_wait,))[0] == own_wait.frames
+
+
+def test_the_summary_says_divergence_when_every_rank_waits_in_a_different_collective():
+    from torchring.launch.hang_report import Frame, ThreadStack, hang_reason
+
+    def waiting(rank, line, function):
+        frames = (Frame("/venv/lib/python3.12/site-packages/torch/distributed/distributed_c10d.py", 2500, function),
+                  Frame("/job/train.py", line, "<module>"))
+        return RankSample(rank, 100 + rank, "running", (ThreadStack("0x1", True, frames),))
+
+    samples = [waiting(0, 28, "all_reduce"), waiting(1, 35, "barrier"), waiting(2, 28, "all_reduce")]
+    assert blame(samples) == [1]
+    reason = hang_reason(samples, [1], "no rank made progress for 5 s")
+    assert reason.startswith("probably diverged from the other ranks: it is waiting in barrier (train.py:35), "
+                             "while ranks 0,2 are waiting in all_reduce (train.py:28)")
+    same = [waiting(0, 28, "all_reduce"), waiting(1, 28, "all_reduce")]
+    assert hang_reason(same, [0, 1], "x").startswith("waited in a collective that never completed, as every rank did")

@@ -85,3 +85,18 @@ def test_read_ops_file_refuses_an_oversized_file(tmp_path):
     assert read_ops_file(path) is None
     path.write_text(json.dumps(ops(recent=[{"op": "allreduce", "name": "a" * 1000, "started_at": NOW}])))
     assert read_ops_file(path)["recent"][0]["name"] == "a" * 1000
+
+
+def test_progress_is_new_collectives_submissions_or_steps_not_a_rewrite_or_new_missing_ranks():
+    from torchring.launch.ops_report import progress_mark
+
+    base = {"version": 1, "written_at": 10.0, "recent": [{"op": "allreduce", "name": "a", "started_at": 1.0,
+                                                          "ended_at": 2.0}],
+            "pending": [{"op": "allreduce", "name": "b", "since": 3.0, "missing_ranks": None}],
+            "steps": {"first": 0, "wait": [0.1], "interval": [None]}}
+    rewritten = {**base, "written_at": 11.0,
+                 "pending": [{"op": "allreduce", "name": "b", "since": 3.0, "missing_ranks": [1]}]}
+    assert progress_mark(base) == progress_mark(rewritten)
+    stepped = {**base, "steps": {"first": 0, "wait": [0.1, 0.2], "interval": [None, 1.0]}}
+    assert progress_mark(stepped) != progress_mark(base)
+    assert progress_mark({**base, "steps": {"wait": 3}}) is not None and progress_mark(None) is None

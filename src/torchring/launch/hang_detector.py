@@ -27,8 +27,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .hang_report import RankSample, blame, format_report, parse_dump, rank_list, waiting_in_collective
-from .ops_report import progress_mark
+from .hang_report import (
+    RankSample,
+    blame,
+    format_report,
+    hang_reason,
+    parse_dump,
+    progress_signature,
+    waiting_in_collective,
+)
+from .ops_report import progress_mark, rank_list
 from .proc_info import is_stopped, process_state
 from .remote_link import RemoteProbe
 from .stack_probe import DUMP_WAIT_S, Probe, ProbeResult, probe_all
@@ -63,6 +71,8 @@ class _Tracked:
     #: The rank's Python process, once a sample named it.
     pid: int | None = None
     text: str = ""
+    #: What of its stacks counts for progress (``progress_signature``) at the last sample that read one.
+    signature: tuple | None = None
     changed_at: float = 0.0
     frozen_since: float | None = None
     read_at: float | None = None
@@ -196,8 +206,10 @@ class HangDetector:
             tracked.frozen_since = None
         if result.dump is not None:
             tracked.read_at = stamp
-            if result.dump != tracked.text:
-                tracked.text = result.dump
+            tracked.text = result.dump
+            signature = progress_signature(parse_dump(result.dump))
+            if signature != tracked.signature:  # its own code moved on, not only a wait loop of torchring's
+                tracked.signature = signature
                 tracked.changed_at = stamp
 
     def _sample_of(self, tracked: _Tracked) -> RankSample:
@@ -219,33 +231,37 @@ class HangDetector:
     # ---- verdicts ---------------------------------------------------------------------------------
 
     def _check(self) -> None:
-        """Declare the job hung when the rule in the module docstring says so."""
+        """Declare the job hung when the rule in the module docstring says so: a rank frozen for the
+        timeout, whatever the others do; else no rank's progress for the timeout."""
         now = time.monotonic()
         with self._lock:
             live = [t for t in self._tracked.values() if t.process.poll() is None]
             if not live or self.verdict is not None:
                 return
-            if any(t.pid is None for t in live):  # a rank it cannot sample: only frozen ranks count
-                hung = any(t.frozen_since is not None and now - t.frozen_since >= self.hang_timeout_s for t in live)
-            else:
-                hung = all(now - t.changed_at >= self.hang_timeout_s for t in live)
-        if hung:
-            self._declare(f"no {self.noun} made progress for {self.hang_timeout_s:g} s")
+            frozen = {t.rank: now - t.frozen_since for t in live if t.frozen_since is not None}
+            frozen_for = max(frozen.values(), default=0.0)
+            quiet_for = min(now - t.changed_at for t in live)
+            if frozen_for >= self.hang_timeout_s:
+                ranks = sorted(rank for rank, since in frozen.items() if since >= self.hang_timeout_s)
+                verb = "has" if len(ranks) == 1 else "have"
+                why = (f"{rank_list(ranks, self.noun)} {verb} been frozen for {frozen_for:.0f} s "
+                       f"(--hang-timeout {self.hang_timeout_s:g})")
+            elif all(t.pid is not None for t in live) and quiet_for >= self.hang_timeout_s:
+                why = f"no {self.noun} made progress for {quiet_for:.0f} s (--hang-timeout {self.hang_timeout_s:g})"
+            else:  # with a rank it cannot sample, only frozen ranks count
+                return
+        self._declare(why)
 
     def _declare(self, why: str) -> None:
-        samples = [s for s in self.sample() if s.state != "exited"]
+        with self._lock:  # the report's durations are those the verdict saw, not a fresh sample's
+            samples = [self._sample_of(t) for t in self._tracked.values()]
+        samples = [s for s in samples if s.state != "exited"]
         blamed = blame(samples) or [s.rank for s in samples]
         lines, full = format_report(samples, f"the job is hung: {why}; where every {self.noun} is:", self.noun)
         path = self._write(full, "torchring-hang")
         self._print(lines, path)
-        frozen = [s.rank for s in samples if s.state == "frozen" and s.rank in blamed]
-        if frozen:
-            reason = f"froze (process state T, stopped) and {why}"
-        else:
-            reason = f"got stuck outside any collective ({why}; see the report above)"
-        if len(blamed) > 1:
-            reason += f"; blamed: {rank_list(blamed, self.noun)}"
-        self.verdict = HangVerdict(blamed, {s.rank: s.pid for s in samples}, reason, path)
+        self.verdict = HangVerdict(blamed, {s.rank: s.pid for s in samples}, hang_reason(samples, blamed, why,
+                                                                                          self.noun), path)
         self._on_hang()
 
     def blame_after_failure(self, failed_rank: int) -> HangVerdict | None:

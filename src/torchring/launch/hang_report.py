@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from .ops_report import format_ops, rank_list
 
 __all__ = ["Frame", "RankSample", "ThreadStack", "blame", "format_report", "group_ranks", "parse_dump",
-           "waiting_in_collective"]
+           "hang_reason", "progress_signature", "waiting_in_collective"]
 
 #: How many innermost frames of the main thread say where a rank is (and are shown per group).
 SHOWN_FRAMES = 8
@@ -121,6 +121,32 @@ def waiting_in_collective(threads: Sequence[ThreadStack]) -> bool:
     return bool(thread) and any(_in_collective_code(f) for f in thread.frames[:COLLECTIVE_DEPTH])
 
 
+#: Standard-library modules a wait loop of torch's or torchring's sleeps in (their frames change as it loops).
+_WAIT_LOOP_FILES = ("/threading.py", "/queue.py", "/selectors.py")
+
+
+def _in_wait_code(frame: Frame) -> bool:
+    path = frame.file.replace(os.sep, "/")
+    return _in_collective_code(frame) or path.endswith(_WAIT_LOOP_FILES)
+
+
+def progress_signature(threads: Sequence[ThreadStack]) -> tuple:
+    """What of a rank's stacks must change for the rank to count as making progress: every thread's
+    frames, less the innermost run of frames inside torch's, torchring's and their wait loops' code
+    (when that run holds any of torch's or torchring's frames). A rank waiting in a collective, whose
+    wait loop or engine thread cycles, thus keeps one signature until its own code moves on."""
+    signature = []
+    for thread in sorted(threads, key=lambda t: t.ident):
+        frames = thread.frames
+        inner = 0
+        while inner < len(frames) and _in_wait_code(frames[inner]):
+            inner += 1
+        if any(_in_collective_code(frame) for frame in frames[:inner]):
+            frames = frames[inner:]
+        signature.append(frames)
+    return tuple(signature)
+
+
 def _user_frame(frames: Sequence[Frame]) -> Frame | None:
     """The innermost frame of the script's own code (not torch's, torchring's or the standard library's)."""
     for frame in frames:
@@ -179,6 +205,29 @@ def blame(samples: Sequence[RankSample]) -> list[int]:
         return not_waiting
     groups = group_ranks(running)
     return [s.rank for s in groups[-1]] if len(groups) > 1 else []
+
+
+def hang_reason(samples: Sequence[RankSample], blamed: Sequence[int], why: str, noun: str = "rank") -> str:
+    """What the summary says the blamed ranks did: froze; waited in a different collective than the
+    others (a probable divergence); waited in the same collective as all others; or got stuck outside
+    any collective."""
+    chosen = [s for s in samples if s.rank in blamed]
+    if any(s.state == "frozen" for s in chosen):
+        reason = f"froze (process state T, stopped): {why}"
+    elif chosen and all(s.threads and waiting_in_collective(s.threads) for s in chosen):
+        others = [s for s in samples if s.rank not in blamed and s.state == "running" and s.threads]
+        if others and all(waiting_in_collective(s.threads) for s in others):
+            theirs = "; ".join(f"{rank_list([s.rank for s in group], noun)} {'is' if len(group) == 1 else 'are'} "
+                               f"{location(group[0])}" for group in group_ranks(others))
+            reason = (f"probably diverged from the other {noun}s: it is {location(chosen[0])}, while {theirs} "
+                      f"({why}; see the report above)")
+        else:
+            reason = f"waited in a collective that never completed, as every {noun} did ({why}; see the report above)"
+    else:
+        reason = f"got stuck outside any collective ({why}; see the report above)"
+    if len(blamed) > 1:
+        reason += f"; blamed: {rank_list(list(blamed), noun)}"
+    return reason
 
 
 def format_report(samples: Sequence[RankSample], title: str, noun: str = "rank",

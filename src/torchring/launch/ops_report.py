@@ -112,7 +112,17 @@ def format_ops(ops: dict, now: float) -> list[str]:
     return lines
 
 
-def progress_mark(ops: dict | None) -> float | None:
-    """When the rank's recorder last wrote its file (it writes only when something changed): a newer mark
-    than before means the rank's collectives or steps moved on."""
-    return _wall(ops.get("written_at")) if isinstance(ops, dict) else None
+def progress_mark(ops: dict | None) -> str | None:
+    """What in a rank's ops file says its collectives or steps moved on: its recent collectives, the
+    requests it submitted and its step count, not when the file was written nor which ranks a pending
+    request still waits for (those change while nothing moves). A different mark than before is progress."""
+    if not isinstance(ops, dict):
+        return None
+    pending = ops.get("pending")
+    submitted = [(e.get("op"), e.get("name"), e.get("since")) for e in pending[:64] if isinstance(e, dict)] \
+        if isinstance(pending, list) else None
+    steps = ops.get("steps")
+    waits = steps.get("wait") if isinstance(steps, dict) else None
+    stepped = (steps.get("first"), len(waits) if isinstance(waits, list) else None) if isinstance(steps, dict) \
+        else None
+    return repr((ops.get("recent"), submitted, stepped))

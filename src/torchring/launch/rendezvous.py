@@ -8,22 +8,50 @@ which verifies the job's signature (``store_auth``); the credentials are made fr
 
 from __future__ import annotations
 
+import json
 import socket
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from ..contract import peer_failure_key
+from ..contract import DEADLOCK_KEY, own_failure_key, peer_failure_key
+from ..rank_failure import OwnFailure, parse_own_failure
 from ..store_auth import AuthenticatedStore, JobCredentials
 
-__all__ = ["ALL_INTERFACES", "LOOPBACK", "PEER_FAILURE_MAX_BYTES", "RendezvousServer", "listen_fd_backend"]
+__all__ = ["ALL_INTERFACES", "LOOPBACK", "PEER_FAILURE_MAX_BYTES", "DeadlockRecord", "RendezvousServer",
+           "listen_fd_backend", "parse_deadlock"]
 
 #: Bind addresses: loopback only (every rank on this host), or every interface.
 LOOPBACK = "127.0.0.1"
 ALL_INTERFACES = ""
 #: The longest peer-failure record the launcher keeps for a rank.
 PEER_FAILURE_MAX_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class DeadlockRecord:
+    """A deadlock the ranks' engines confirmed: the ranks to blame and the report's lines."""
+
+    blamed: tuple[int, ...]
+    lines: tuple[str, ...]
+
+
+def parse_deadlock(value: bytes) -> DeadlockRecord | None:
+    """The record in ``value`` (verified JSON ``{"blamed": [int], "lines": [str]}``), or None."""
+    try:
+        data = json.loads(value.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    blamed, lines = (data.get("blamed"), data.get("lines")) if isinstance(data, dict) else (None, None)
+    if not isinstance(blamed, list) or not blamed or not isinstance(lines, list):
+        return None
+    if not all(isinstance(r, int) and not isinstance(r, bool) for r in blamed):
+        return None
+    shown = tuple("".join(c if c.isprintable() else "?" for c in line[:400]) for line in lines[:64]
+                  if isinstance(line, str))
+    return DeadlockRecord(tuple(blamed), shown)
 
 
 def listen_fd_backend() -> bool:
@@ -76,14 +104,28 @@ class RendezvousServer:
         self.store = None
         self.auth = None
 
+    def own_failure(self, rank: int) -> OwnFailure | None:
+        """The exception of its own that rank ``rank`` recorded as it failed (``rank_failure``), if any
+        (only a record signed by the job counts)."""
+        value = self._signed_value(own_failure_key(rank))
+        return None if value is None else parse_own_failure(value)
+
+    def deadlock(self) -> DeadlockRecord | None:
+        """The deadlock rank 0's engine confirmed (``runtime.deadlock``), if any (signed by the job)."""
+        value = self._signed_value(DEADLOCK_KEY)
+        return None if value is None else parse_deadlock(value)
+
     def peer_failure(self, rank: int) -> str | None:
         """What rank ``rank`` recorded when its operations failed because of another rank, if anything
         (only a record signed by the job counts)."""
+        value = self._signed_value(peer_failure_key(rank))
+        return None if value is None else value.decode(errors="replace")
+
+    def _signed_value(self, key: str) -> bytes | None:
         auth = self.auth
         if auth is None:
             return None
         try:
-            value = auth.get(peer_failure_key(rank), max_bytes=PEER_FAILURE_MAX_BYTES)
+            return auth.get(key, max_bytes=PEER_FAILURE_MAX_BYTES)
         except (RuntimeError, OSError):
             return None
-        return None if value is None else value.decode(errors="replace")

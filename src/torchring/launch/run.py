@@ -353,7 +353,8 @@ def run_job(config: RunConfig, with_store: Callable[[AuthenticatedStore], None] 
         where = f"on {len({s.hostname for s in assignments})} host(s)" if remote_hosts else "on this host"
         _log(f"{config.num_proc} ranks {where}, rendezvous port {server.port}")
     detector = HangDetector(config.hang_timeout_s, _log, lambda: supervisor.wake(), stragglers=stragglers)
-    supervisor = Supervisor(peer_failure=server.peer_failure, detector=detector if config.hang_timeout_s else None)
+    supervisor = Supervisor(peer_failure=server.peer_failure, detector=detector if config.hang_timeout_s else None,
+                            own_failure=server.own_failure, deadlock=server.deadlock)
     spawner.links.on_lost = lambda _link: supervisor.wake()
     previous = {sig: signal.signal(sig, lambda signum, _frame: supervisor.request_stop(signum))
                 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}

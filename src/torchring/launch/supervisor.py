@@ -10,11 +10,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from ..rank_failure import OwnFailure
 from .failure_hints import hints_for
 from .hang_detector import HangDetector, HangVerdict
 from .local import terminate_groups
 from .output import OutputRelay
 from .remote_link import RemoteLink
+from .rendezvous import DeadlockRecord
 
 
 @dataclass
@@ -58,11 +60,22 @@ class Failure:
     consequences: list[tuple[int, str, str]] = field(default_factory=list)
     #: Other ranks that failed on their own (they recorded no failed peer): (rank, how it ended).
     independent: list[tuple[int, str]] = field(default_factory=list)
+    #: Lines printed before the summary (a deadlock's report: where each group of ranks waits).
+    details: list[str] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
         return self.returncode if self.returncode > 0 else 128 + (-self.returncode or 1)
 
+
+#: How long a failed rank that blames no other rank waits for another rank's own-exception record before it
+#: is named the cause (a rank that raised records it before it exits, so this is rarely waited out).
+CAUSE_WAIT_S = 1.0
+
+#: How often the launcher looks for a deadlock the ranks' engines confirmed, and how long it then lets the
+#: ranks exit on their own (each raises the verdict) before it stops them.
+DEADLOCK_POLL_S = 0.25
+DEADLOCK_EXIT_WAIT_S = 3.0
 
 #: What ssh returns when the connection failed or dropped.
 SSH_CONNECTION_FAILED = 255
@@ -89,11 +102,20 @@ class Supervisor:
 
     def __init__(self, grace_period_s: float = 5.0, poll_interval_s: float = 0.05,
                  peer_failure: Callable[[int], str | None] = lambda rank: None,
-                 settle_period_s: float = 10.0, detector: HangDetector | None = None) -> None:
+                 settle_period_s: float = 10.0, detector: HangDetector | None = None,
+                 own_failure: Callable[[int], OwnFailure | None] = lambda rank: None,
+                 cause_wait_s: float = CAUSE_WAIT_S,
+                 deadlock: Callable[[], DeadlockRecord | None] = lambda: None) -> None:
         self.workers: list[Worker] = []
         self.grace_period_s = grace_period_s
         self.poll_interval_s = poll_interval_s
         self.peer_failure = peer_failure
+        #: A rank's own-exception record (``rank_failure``), read from the store.
+        self.own_failure = own_failure
+        self.cause_wait_s = cause_wait_s
+        #: The deadlock the ranks' engines confirmed (``runtime.deadlock``), read from the store.
+        self.deadlock = deadlock
+        self._deadlock_read_at = 0.0
         self.settle_period_s = settle_period_s
         #: The hang detector (if on): a hung job ends with its verdict; a failure is checked against it.
         self.detector = detector
@@ -132,6 +154,9 @@ class Supervisor:
                 return Failure(None, "", None, -self._stop_signal, f"the launcher received {name}")
             if self.detector is not None and self.detector.verdict is not None:
                 return self._hang_failure(self.detector.verdict)
+            deadlock = self._poll_deadlock()
+            if deadlock is not None:
+                return self._deadlock_failure(deadlock)
             failed = self._failed_workers()
             if failed:
                 return self._root_cause(failed)
@@ -143,31 +168,100 @@ class Supervisor:
         return [w for w in self.workers if w.process.poll() not in (None, 0)]
 
     def _root_cause(self, failed: list[Worker]) -> Failure:
-        """The failure that caused the others: a rank whose operations failed because of another rank
-        says so in the store, so wait (up to ``settle_period_s``) for the rank it blames to end too. On a
-        loaded machine the rank that failed first can take seconds to exit after the others learned of
-        it; the wait ends as soon as a failed rank that blames no other appears, a rank is frozen, or every
-        rank ended."""
-        deadline = time.monotonic() + self.settle_period_s
-        while all(self.peer_failure(w.rank) for w in failed) and time.monotonic() < deadline:
+        """The failure that caused the others, from the ranks' records, not from the order of exits.
+
+        A rank that raised an exception of its own recorded it before it tore anything down, so before
+        any peer could notice it leave (``rank_failure``); a rank whose operations failed because of
+        another says so too. So wait (up to ``settle_period_s``) until a rank's own exception is on
+        record (the earliest is the cause, even while that rank is still exiting), or a failed rank that
+        blames no one has stayed unexplained for ``cause_wait_s`` (killed by a signal, ``sys.exit(1)``),
+        or a rank is frozen or cut off, or every rank ended."""
+        deadlock = self.deadlock()
+        if deadlock is not None:  # recorded before any rank raised it
+            return self._deadlock_failure(deadlock)
+        started = time.monotonic()
+        deadline = started + self.settle_period_s
+        owns: dict[int, OwnFailure] = {}
+        while time.monotonic() < deadline:
+            owns = self._own_failures()
+            if owns or any(w.link is not None and w.link.lost_reason for w in failed):
+                break
             if all(w.process.poll() is not None for w in self.workers):
                 break
             if self.detector is not None and self.detector.frozen():
                 break  # a stopped rank will not end by itself: blame_after_failure names it
+            unexplained = [w for w in failed if not self.peer_failure(w.rank)]
+            if unexplained and time.monotonic() - started >= self.cause_wait_s:
+                break
             self._wakeup.wait(self.poll_interval_s)
             failed = self._failed_workers()
-        causes = {w.rank: self.peer_failure(w.rank) for w in failed}
+        failed = self._failed_workers()
+        causes = {w.rank: self.peer_failure(w.rank) for w in self.workers}
         cut_off = [w for w in failed if w.link is not None and w.link.lost_reason]
-        root = cut_off[0] if cut_off else next((w for w in failed if not causes[w.rank]), failed[0])
-        code = root.process.returncode
-        verdict = self.detector.blame_after_failure(root.rank) if self.detector is not None else None
-        if verdict is not None:
-            return self._hang_failure(verdict, failed)
+        if cut_off:
+            root = cut_off[0]
+        elif owns:
+            first = min(owns, key=lambda rank: (owns[rank].at, rank))
+            root = next(w for w in self.workers if w.rank == first)
+        else:
+            root = next((w for w in failed if not causes[w.rank]), failed[0])
+        if root.rank not in owns and not cut_off:
+            verdict = self.detector.blame_after_failure(root.rank) if self.detector is not None else None
+            if verdict is not None:
+                return self._hang_failure(verdict, failed)
         others = [w for w in failed if w is not root]
-        consequences = [(w.rank, w.ended_how(), causes[w.rank] or "") for w in others if causes[w.rank]]
-        independent = [(w.rank, w.ended_how()) for w in others if not causes[w.rank]]
+        consequences, independent = [], []
+        for worker in others:
+            own = owns.get(worker.rank)
+            if own is not None and (own.error, own.where) != (owns[root.rank].error, owns[root.rank].where):
+                independent.append((worker.rank, f"{worker.ended_how()} after it {own.describe()}"))
+            elif causes[worker.rank]:
+                consequences.append((worker.rank, worker.ended_how(), causes[worker.rank] or ""))
+            elif root.rank in owns:
+                consequences.append((worker.rank, worker.ended_how(), f"it ended after rank {root.rank}'s error"))
+            else:
+                independent.append((worker.rank, worker.ended_how()))
+        code = root.process.returncode if root.process.returncode not in (None, 0) else 1
+        reason = root.ended_how() if root.process.returncode is not None else "was still exiting"
+        if root.rank in owns:
+            reason = f"{owns[root.rank].describe()} and {reason}"
         return Failure(root.rank, root.hostname, None if root.remote else root.process.pid, code,
-                       root.ended_how(), consequences, independent)
+                       reason, consequences, independent)
+
+    def _poll_deadlock(self) -> DeadlockRecord | None:
+        now = time.monotonic()
+        if now - self._deadlock_read_at < DEADLOCK_POLL_S:
+            return None
+        self._deadlock_read_at = now
+        return self.deadlock()
+
+    def _deadlock_failure(self, record: DeadlockRecord) -> Failure:
+        """The job deadlocked: every rank raised the verdict; give them ``DEADLOCK_EXIT_WAIT_S`` to exit
+        with their tracebacks, then blame the odd ranks the verdict names."""
+        deadline = time.monotonic() + DEADLOCK_EXIT_WAIT_S
+        while time.monotonic() < deadline and any(w.process.poll() is None for w in self.workers):
+            self._wakeup.wait(self.poll_interval_s)
+        known = {w.rank for w in self.workers}
+        blamed = [rank for rank in record.blamed if rank in known] or [self.workers[0].rank]
+        root = next(w for w in self.workers if w.rank == blamed[0])
+        who = "ranks " + ",".join(map(str, blamed)) if len(blamed) > 1 else f"rank {blamed[0]}"
+        reason = (f"diverged from the other ranks: {who} waited in a collective the others never submitted, "
+                  "while they waited in one it never submitted (a deadlock, see above)")
+        consequences = [(w.rank, w.ended_how(), f"it waited for {who}") for w in self._failed_workers()
+                        if w.rank not in blamed]
+        details = ["the ranks diverged: each waits for a collective that can never complete (deadlock):",
+                   *(f"  {line}" for line in record.lines)]
+        return Failure(root.rank, root.hostname, None if root.remote else root.process.pid, 1, reason,
+                       consequences, details=details)
+
+    def _own_failures(self) -> dict[int, OwnFailure]:
+        """The own-exception records of every rank, failed or still running."""
+        found = {}
+        for worker in self.workers:
+            record = self.own_failure(worker.rank)
+            if record is not None:
+                found[worker.rank] = record
+        return found
 
     def _hang_failure(self, verdict: HangVerdict, failed: Sequence[Worker] = ()) -> Failure:
         """The failure a hang verdict describes: its first rank, and the failed ranks as consequences."""
@@ -183,11 +277,22 @@ class Supervisor:
         terminate_groups([worker.process for worker in self.workers], self.grace_period_s)
 
 
+#: The longest cause of a consequence shown in the summary (a peer's error can be long).
+MAX_CAUSE_CHARS = 200
+
+
+def _shortened(cause: str) -> str:
+    line = cause.strip().splitlines()[0] if cause.strip() else ""
+    return line if len(line) <= MAX_CAUSE_CHARS else line[:MAX_CAUSE_CHARS - 1] + "…"
+
+
 def report_failure(failure: Failure, workers: Sequence[Worker], stream=None) -> None:
     """Print which rank failed, how, the ranks that failed with it, its stderr (its last line when the
     console already showed the rest) and hints for errors it recognises."""
     stream = stream or sys.stderr
     others = len(workers) - 1
+    for line in failure.details:
+        print(f"torchring run: {line}", file=stream)
     if failure.rank is None:
         print(f"torchring run: {failure.reason}; stopped all {len(workers)} ranks.", file=stream)
         return
@@ -197,7 +302,7 @@ def report_failure(failure: Failure, workers: Sequence[Worker], stream=None) -> 
     for rank, ended in failure.independent:
         print(f"  rank {rank} {ended} too, on its own (it recorded no failure of another rank)", file=stream)
     for rank, ended, cause in failure.consequences:
-        print(f"  rank {rank} {ended} as a consequence ({cause})", file=stream)
+        print(f"  rank {rank} {ended} as a consequence ({_shortened(cause)})", file=stream)
     worker = next(w for w in workers if w.rank == failure.rank)
     tail = worker.stderr_tail
     if not tail:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import math
 import sys
@@ -14,7 +15,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ..contract import elastic_generation_prefix, generation_prefix, peer_failure_key
+from ..contract import DEADLOCK_KEY, elastic_generation_prefix, generation_prefix, peer_failure_key
 from ..environments import (
     ClusterEnvironment,
     ElasticLauncherEnvironment,
@@ -23,8 +24,10 @@ from ..environments import (
     detect_environment,
 )
 from ..exceptions import NOT_INITIALIZED_MESSAGE
+from ..rank_failure import install_excepthook
 from ..store_auth import AuthenticatedStore, job_credentials
 from .control import ControlChannel
+from .deadlock import Verdict
 from .engine import Engine
 from .engine_data import EngineSettings
 from .executor import DataGroups, Executor
@@ -145,6 +148,7 @@ def _engine_settings(control: ControlChannel, settings: Settings) -> EngineSetti
         fusion_threshold=fusion_threshold,
         cache_capacity=cache_capacity,
         idle_cycles=idle_cycles,
+        deadlock_confirm_s=settings.deadlock_timeout,
     )
 
 
@@ -165,7 +169,17 @@ def _peer_failure_reporter(environment: ClusterEnvironment, store: Authenticated
     """Under ``torchring run``, a way to tell the launcher (signed) that this rank fails because of another."""
     if not isinstance(environment, TorchringLauncherEnvironment):
         return None
+    install_excepthook()  # and of its own exception, where no stack hook did it (ranks in containers)
     return lambda reason: store.set(peer_failure_key(rank), reason)
+
+
+def _deadlock_reporter(environment: ClusterEnvironment,
+                       store: AuthenticatedStore) -> Callable[[Verdict], None] | None:
+    """Under ``torchring run``, a way for rank 0 to hand a confirmed deadlock to the launcher (signed)."""
+    if not isinstance(environment, TorchringLauncherEnvironment):
+        return None
+    return lambda verdict: store.set(DEADLOCK_KEY, json.dumps({"blamed": list(verdict.blamed),
+                                                                "lines": list(verdict.lines)}))
 
 
 def _gloo_group(store: dist.Store, rank: int, size: int, timeout: timedelta, threads: int) -> dist.ProcessGroup:
@@ -270,16 +284,17 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
             waker = StoreWaker(rendezvous.host, rendezvous.port, f"{prefix}/wake/", rendezvous_timeout)
         from .handles import skip_auto_name  # handles reaches the runtime through this module
 
+        report_peer_failure = _peer_failure_reporter(environment, signed, info.rank)
         engine = Engine(info.rank, info.size, control, Executor(table, info.rank), table, waker,
-                        _engine_settings(control, settings), _peer_failure_reporter(environment, signed, info.rank),
-                        skip_auto_name)
+                        _engine_settings(control, settings), report_peer_failure, skip_auto_name,
+                        _deadlock_reporter(environment, signed))
         timeline = _initial_timeline(info.rank, settings)
         if timeline is not None:
             engine.timeline = timeline
         recorder = engine.recorder = open_recorder(settings.ops_file, info.rank, info.size)
         engine.start()
         lanes = LaneRegistry(generation_prefix(_generation), _lane_group_opener(store, table, timeout),
-                             lambda: engine.timeline, recorder)
+                             lambda: engine.timeline, recorder, report_peer_failure)
         _runtime = Runtime(environment, topology, store, signed, control_group, table, engine, _generation,
                            dynamic_process_sets, settings, lanes, _start_metrics(signed, topology, settings),
                            recorder)

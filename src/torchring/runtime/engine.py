@@ -25,6 +25,8 @@ from ..exceptions import HorovodInternalError, TensorMismatchError
 from ..metrics.counters import METRICS
 from .completion import Completer, Launched
 from .control import ControlChannel
+from .cycle_negotiation import negotiate_cycle
+from .deadlock import DeadlockWatch, Verdict
 from .engine_data import Announcement, EngineSettings, duplicate_message, response_backend_activity, shutdown_error
 from .executor import Executor
 from .flight_recorder import NULL_RECORDER, Recorder
@@ -56,6 +58,7 @@ class Engine:
         settings: EngineSettings,
         report_peer_failure: Callable[[str], None] | None = None,
         skip_name: Callable[[str, int], None] | None = None,
+        report_deadlock: Callable[[Verdict], None] | None = None,
     ) -> None:
         self.rank = rank
         self.size = size
@@ -94,6 +97,8 @@ class Engine:
         self._stalls = StallInspector(self._negotiator, settings.stall_check_enabled and rank == 0,
                                       settings.stall_warning_s, settings.stall_shutdown_s)
         self._stall_abort = ""
+        #: What this rank's threads are blocked on, and (rank 0) whether every rank is for good.
+        self.deadlocks = DeadlockWatch(self._negotiator, settings.deadlock_confirm_s, rank == 0, report_deadlock)
         #: Rank 0 records a Chrome-trace timeline when one is set (``HOROVOD_TIMELINE``, start_timeline()).
         self.timeline: TimelineWriter | NullTimeline = NullTimeline()
         #: Notes submitted, started and finished requests for the launcher (``TORCHRING_OPS_FILE``).
@@ -188,11 +193,15 @@ class Engine:
                 if self._failure is not None:
                     raise self._failure
                 cached, misses = self.response_cache.encode([r.meta for r in new_requests])
-                announcement = Announcement(misses, shutting_down, self._woken_epoch, self._stall_abort, cached)
+                announcement = Announcement(misses, shutting_down, self._woken_epoch, self._stall_abort, cached,
+                                            self.deadlocks.announced())
                 negotiation_started = time.perf_counter()
                 announcements = self._exchange(announcement)
-                responses = self._negotiate(announcements)
+                responses = negotiate_cycle(announcements, self._negotiator, self.response_cache, self.timeline)
                 METRICS.phase("negotiation", time.perf_counter() - negotiation_started)
+                verdict = self.deadlocks.after_cycle(announcements, responses)
+                if verdict is not None and not self._stall_abort:
+                    self._stall_abort = verdict.text  # the next announcement stops every rank with it
                 for batch in self._planner.plan(responses):
                     if len(batch) == 1:
                         self._perform(batch[0])
@@ -331,30 +340,6 @@ class Engine:
     def _exchange(self, announcement: Announcement) -> list[Announcement]:
         payloads = self._control.allgather_bytes(pickle.dumps(announcement, protocol=pickle.HIGHEST_PROTOCOL))
         return [pickle.loads(payload) for payload in payloads]
-
-    def _negotiate(self, announcements: list[Announcement]) -> list[Response]:
-        timeline = self.timeline
-        timeline.mark_cycle()
-        cache = self.response_cache
-        masks = [announcement.cached for announcement in announcements]
-        repeated: list[Response] = []
-        if all(masks) and not timeline.enabled and not self._negotiator.joined:
-            # the same requests again from every rank (a training loop's steady state): no negotiation
-            repeated, masks = cache.take_common(masks, self._negotiator.pending)
-        for rank, (announcement, mask) in enumerate(zip(announcements, masks, strict=True)):
-            metas = [*cache.decode(rank, mask), *announcement.metas] if mask else announcement.metas
-            if timeline.enabled:
-                for meta in metas:
-                    if not timeline.negotiating(meta.name):  # also one that began before the timeline did
-                        timeline.negotiate_start(meta.name, meta.op_type.value)
-                    timeline.negotiate_rank_ready(meta.name, rank)
-            self._negotiator.record(rank, metas)
-        responses = self._negotiator.take_ready()
-        for response in responses:
-            if timeline.enabled:
-                timeline.negotiate_end(response.name)
-            cache.record(response)
-        return [*repeated, *responses] if repeated else responses
 
     def _perform(self, response: Response) -> None:
         if self.rank not in response.members and response.members:

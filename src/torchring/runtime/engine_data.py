@@ -23,6 +23,8 @@ class Announcement:
     stall_abort: str = ""
     #: Requests found in the response cache, one bit per cache slot (see ``response_cache``).
     cached: bytes = b""
+    #: What this rank's threads have been blocked on for a while: (request key, call site) pairs (``deadlock``).
+    blocked: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,9 @@ class EngineSettings:
     #: 1: engines block until woken as soon as nothing is pending; more: only after that many consecutive
     #: empty cycles. Every rank must use the same number (they go idle together).
     idle_cycles: int = 1
+    #: Seconds every rank must stay blocked on requests that cannot complete before rank 0 declares the
+    #: job deadlocked (``TORCHRING_DEADLOCK_TIMEOUT``; 0: never).
+    deadlock_confirm_s: float = 5.0
 
 
 def response_backend_activity(response: Response) -> str:

@@ -74,8 +74,11 @@ class GradientLane:
 
     def __init__(self, buckets: Sequence[Bucket], names: Sequence[str], groups: DataGroups,
                  settings: LaneSettings, timeline: Callable[[], Any],
-                 cpu_time: Callable[[float, float], None], recorder: Recorder = NULL_RECORDER) -> None:
+                 cpu_time: Callable[[float, float], None], recorder: Recorder = NULL_RECORDER,
+                 report_peer_failure: Callable[[str], None] | None = None) -> None:
         self.buckets = list(buckets)
+        #: Tells the launcher that a reduction failed because another rank went away (``rank_failure``).
+        self._report_peer_failure = report_peer_failure
         self.names = list(names)
         self._recorder = recorder
         #: What the flight recorder calls each bucket's allreduce.
@@ -272,10 +275,19 @@ class GradientLane:
         except HorovodInternalError:
             raise
         except RuntimeError as error:
+            self._note_peer_failure(f"gradient allreduce '{in_flight.name}' failed: {error}")
             raise HorovodInternalError(
                 f"gradient allreduce '{in_flight.name}' failed: {error}. Another rank probably failed or "
                 "stopped; see its output."
             ) from error
+
+    def _note_peer_failure(self, reason: str) -> None:
+        if self._report_peer_failure is None:
+            return
+        try:
+            self._report_peer_failure(reason)
+        except Exception:  # noqa: BLE001 - the launcher may be gone; the error still reaches the user
+            pass
 
     def _stalled(self, name: str, waited: float) -> None:
         shutdown_s = self._settings.stall_shutdown_s

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import torch
 
 from . import context
+from .deadlock import BLOCKED_AFTER_S, call_site
 from .requests import Handle, Request, RequestMeta
 
 SUPPORTED_DTYPES = frozenset({
@@ -227,13 +228,26 @@ def synchronize(handle: int) -> Any:
         return None
     completion, finish = entry
     if not completion.done():
-        _about_to_wait()
+        _wait_announced(completion)
     return finish(completion.wait())
 
 
-def _about_to_wait() -> None:
-    """This thread blocks on a result: the engine need not wait for more of its submissions (a burst of
-    ``*_async`` calls followed by ``synchronize`` is over)."""
+def _wait_announced(completion: Completion) -> None:
+    """Wait for ``completion``. The engine first stops waiting for more of this thread's submissions (a
+    burst of ``*_async`` calls followed by ``synchronize`` is over); a request still not done after
+    ``BLOCKED_AFTER_S`` is announced as blocked at its call site, for the deadlock watch (``deadlock``)."""
     runtime = context.current_or_none()
-    if runtime is not None:
-        runtime.engine.hurry()
+    if runtime is None:
+        return
+    runtime.engine.hurry()
+    requests = [completion] if isinstance(completion, Request) else \
+        [h for h in completion.handles if isinstance(h, Request)] if isinstance(completion, GroupHandle) else []
+    for request in requests:
+        if request.wait_done(BLOCKED_AFTER_S):
+            continue
+        watch = runtime.engine.deadlocks
+        watch.note_blocked(request.key, call_site())
+        try:
+            request.wait_done(None)
+        finally:
+            watch.note_unblocked(request.key)

@@ -26,8 +26,11 @@ class LaneRegistry:
     """Every lane opened since ``init()``, in opening order, and the groups they reduce on."""
 
     def __init__(self, prefix: str, open_groups: GroupOpener, timeline: Callable[[], Any],
-                 recorder: Recorder = NULL_RECORDER) -> None:
+                 recorder: Recorder = NULL_RECORDER,
+                 report_peer_failure: Callable[[str], None] | None = None) -> None:
         self._prefix = prefix
+        #: Tells the launcher that a lane's reduction failed because of another rank.
+        self._report_peer_failure = report_peer_failure
         self._open_groups = open_groups
         self._timeline = timeline
         #: The runtime's flight recorder, which the lanes tell about their allreduces.
@@ -46,7 +49,8 @@ class LaneRegistry:
             serial = self._opened_per_set.get(process_set, 0)
             self._opened_per_set[process_set] = serial + 1
         groups = self._open_groups(f"{self._prefix}/lane{process_set}.{serial}", process_set)
-        lane = GradientLane(buckets, names, groups, settings, self._timeline, self._add_cpu_seconds, self._recorder)
+        lane = GradientLane(buckets, names, groups, settings, self._timeline, self._add_cpu_seconds, self._recorder,
+                            self._report_peer_failure)
         with self._lock:
             self._groups.append(groups)
             self._lanes.append(lane)

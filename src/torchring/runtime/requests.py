@@ -88,6 +88,15 @@ class Handle:
         except RuntimeError:  # completed concurrently by another thread: its outcome stands
             pass
 
+    def wait_done(self, timeout: float | None) -> bool:
+        """Block until done or for ``timeout`` seconds (None: no limit); whether it is done."""
+        if self._done:
+            return True
+        if self._lock.acquire(timeout=-1 if timeout is None else timeout):
+            self._lock.release()
+            return True
+        return self._done
+
     def wait(self) -> Any:
         """Block until done; return the result or raise the error."""
         if not self._done:

@@ -156,6 +156,9 @@ VARIABLES: tuple[Variable, ...] = (
     _horovod("START_TIMEOUT", _number, 300.0, "seconds rendezvous waits for every rank"),
     _own("BUCKET_CAP_MB", _number, 25.0, "size of DistributedOptimizer's gradient buckets after the first"),
     _own("GRADIENT_LANE", _flag, True, "0 keeps DistributedOptimizer on the engine instead of its bucket lane"),
+    _own("DEADLOCK_TIMEOUT", _non_negative, 5.0,
+         "seconds every rank must wait for collectives no rank can complete before the job is declared "
+         "deadlocked (ranks diverged); 0: never (rank 0's value applies)"),
     _own("IDLE_AFTER_MS", _number, 0.0, "milliseconds engines keep cycling without work before blocking"),
     _own("GIL_SWITCH_INTERVAL_MS", _number, None,
          "sys.setswitchinterval at init() (unset: the program's own, 5 ms by Python's default)"),
@@ -205,6 +208,7 @@ class Settings:
     start_timeout: float = 300.0
     bucket_cap_mb: float = 25.0
     gradient_lane: bool = True
+    deadlock_timeout: float = 5.0
     idle_after_ms: float = 0.0
     gil_switch_interval_ms: float | None = None
     metrics_port: int | None = None

@@ -1,8 +1,9 @@
 """Put first on a rank's ``PYTHONPATH`` by ``torchring run``: the first Python process of the rank writes
 every thread's stack to the file named by ``TORCHRING_STACK_FILE`` when asked, then the next
 ``sitecustomize`` on ``sys.path`` (the user's or the distribution's) is loaded as if this one were not
-there. Imports only builtin modules; the variable is removed so that the rank's own child processes do
-not claim the file too.
+there. It also records the exception that ends the process, for the launcher's blame
+(``torchring.rank_failure``, imported only then). Imports only builtin modules; the variable is removed
+so that the rank's own child processes do not claim the file too.
 
 How it is asked (``torchring.launch.stack_probe``): a byte written to the FIFO ``<stack file>.trigger``
 wakes a thread of this process that blocks reading it; holding the GIL, that thread formats
@@ -52,8 +53,28 @@ def _serve_dumps(trigger_fd: int, stack_fd: int) -> None:
             return
 
 
+def _record_failures() -> None:
+    """Before the interpreter prints the exception that ends this process, let ``torchring.rank_failure``
+    tell the launcher about it (imported only then; nothing happens where torchring is not importable)."""
+    previous = sys.excepthook
+    pid = os.getpid()
+
+    def hook(kind, error, tb):
+        if os.getpid() == pid:
+            try:
+                from torchring.rank_failure import record_uncaught
+
+                record_uncaught(error, tb)
+            except Exception:
+                pass
+        previous(kind, error, tb)
+
+    sys.excepthook = hook
+
+
 _path = os.environ.pop("TORCHRING_STACK_FILE", None)
 if _path:
+    _record_failures()
     try:
         _stack_file = open(_path, "a")  # kept open for the life of the process
         _stack_file.write(f"torchring-stacks pid={os.getpid()}\n")

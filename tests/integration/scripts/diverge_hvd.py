@@ -1,0 +1,25 @@
+"""Ranks that diverge: they wait for collectives the others never submit.
+
+``diverge_hvd.py extra``: every rank allreduces 'grad' each step; at step 5 rank 1 alone first
+allreduces 'extra'. ``diverge_hvd.py reducescatter``: as in Horovod's test_torch.py at 3 ranks, ranks
+0 and 2 go on to a barrier while rank 1 calls one more unnamed reducescatter.
+"""
+
+import sys
+
+import horovod.torch as hvd
+import torch
+
+hvd.init()
+if sys.argv[1] == "extra":
+    for step in range(1000):
+        if step == 5 and hvd.rank() == 1:
+            hvd.allreduce(torch.ones(4), name="extra")
+        hvd.allreduce(torch.ones(4), name="grad")
+else:
+    for _ in range(3):
+        hvd.reducescatter(torch.ones(6, 2))
+    if hvd.rank() == 1:
+        hvd.reducescatter(torch.ones(6, 2))
+    hvd.barrier()
+print("not reached", flush=True)

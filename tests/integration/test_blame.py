@@ -31,27 +31,33 @@ def test_the_rank_that_raised_is_named_whichever_rank_exits_first(mode, np):
 
 
 @pytest.mark.parametrize("np,case,expected", [
-    (2, "extra", ["rank 0: waiting in allreduce 'grad' (diverge_hvd.py:18), which rank 1 never submitted",
-                  "rank 1: waiting in allreduce 'extra' (diverge_hvd.py:17), which rank 0 never submitted",
+    (2, "extra", ["rank 0: waiting in allreduce 'grad' (diverge_hvd.py:21), which rank 1 never submitted",
+                  "rank 1: waiting in allreduce 'extra' (diverge_hvd.py:20), which rank 0 never submitted",
                   "last collective every rank took part in: allreduce 'grad'"]),
-    (3, "reducescatter", ["ranks 0,2: waiting in barrier 'noname.0' (diverge_hvd.py:24), which rank 1 never submitted",
-                          "rank 1: waiting in reducescatter 'noname.3' (diverge_hvd.py:23), which ranks 0,2 never "
+    (3, "reducescatter", ["ranks 0,2: waiting in barrier 'noname.0' (diverge_hvd.py:40), which rank 1 never submitted",
+                          "rank 1: waiting in reducescatter 'noname.3' (diverge_hvd.py:39), which ranks 0,2 never "
                           "submitted", "last collective every rank took part in: reducescatter 'noname.2'"]),
+    (2, "optimizer", ["rank 0: waiting in DistributedOptimizer's allreduce of gradient bucket 'bucket.0.bias' "
+                      "(diverge_hvd.py:30)",
+                      "rank 1: waiting in allreduce 'loss' (diverge_hvd.py:33), which rank 0 never submitted"]),
 ])
 def test_diverged_ranks_are_called_in_seconds_with_the_diff_and_the_odd_rank_blamed(np, case, expected):
-    started = time.monotonic()
-    result = run_job("run", "--horovod-compat", "-np", str(np), *python_script("diverge_hvd.py"), case, timeout=60)
-    took = time.monotonic() - started
-    assert result.returncode == 1, result.stderr
+    process, marker = start_job("run", "--horovod-compat", "-np", str(np), *python_script("diverge_hvd.py"), case)
+    lines = _Lines(process)
+    lines.wait_for(r"\[1\]<stdout>:diverging")
+    diverged = time.monotonic()
+    returncode = lines.finish(process)
+    took = time.monotonic() - diverged
+    stderr = lines.text["stderr"]
+    assert returncode == 1, stderr
     assert "torchring run: the ranks diverged: each waits for a collective that can never complete (deadlock):" \
-        in result.stderr
+        in stderr
     for line in expected:
-        assert f"torchring run:   {line}\n" in result.stderr, result.stderr
-    assert re.search(r"torchring run: rank 1 \(pid \d+ on localhost\) diverged from the other ranks",
-                     result.stderr), result.stderr
-    assert "HorovodInternalError: torchring: the ranks diverged" in result.stderr  # every rank raised it
-    assert "not reached" not in result.stdout and took < 20, (took, result.stderr)
-    assert wait_until_gone(result.marker) == []
+        assert f"torchring run:   {line}\n" in stderr, stderr
+    assert re.search(r"torchring run: rank 1 \(pid \d+ on localhost\) diverged from the other ranks", stderr), stderr
+    assert "HorovodInternalError: torchring: the ranks diverged" in stderr  # every rank raised it
+    assert "not reached" not in lines.text["stdout"] and took < 20, (took, stderr)
+    assert wait_until_gone(marker) == []
 
 
 def test_the_deadlock_check_can_be_turned_off():

@@ -3,6 +3,7 @@ changes a result, moves the blame or ends an elastic job (issue 15; see docs/sec
 
 import os
 import pickle
+import re
 import subprocess
 import sys
 
@@ -96,3 +97,13 @@ print('SEEN', seen, 'CHILD', child, flush=True)
     assert result.returncode == 0, result.stderr
     for rank in (0, 1):
         assert result.lines("stdout", rank) == ["SEEN [] CHILD False"]
+
+
+def test_forged_own_failure_and_deadlock_records_do_not_move_the_blame():
+    result = run_job("run", "-np", "2", *python_script("forge_failure_records.py"), timeout=60)
+    assert result.returncode == 1, result.stderr
+    assert re.search(r"torchring run: rank 1 \(pid \d+ on localhost\) raised ValueError: the real failure, on rank 1",
+                     result.stderr), result.stderr
+    assert "ignoring the value of 'torchring/own_failure/0'" in result.stderr
+    assert "ignoring the value of 'torchring/deadlock'" in result.stderr
+    assert "forged" not in result.stderr.replace("forge_failure_records", "")

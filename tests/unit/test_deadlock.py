@@ -95,3 +95,18 @@ def test_a_blocked_thread_is_announced_until_its_wait_ends():
     assert key == (0, "allreduce.a") and where.startswith("test_deadlock.py:")
     watch.note_unblocked((0, "allreduce.a"))
     assert watch.announced() == ()
+
+
+def test_a_rank_waiting_in_its_gradient_lane_beside_a_rank_stuck_in_negotiation_is_a_deadlock():
+    from torchring.runtime.deadlock import LANE_SET
+
+    table = _table(2)
+    watch = DeadlockWatch(table, 0.05, decides=True)
+    table.record(1, [_meta("allreduce.loss")])
+    lane = (((LANE_SET, "gradient bucket 'bucket.0.bias'"), "train.py:30"),)
+    verdict = _confirmed(watch, [lane, (((0, "allreduce.loss"), "train.py:33"),)])
+    assert verdict.blamed == (1,)  # the lane's bucket repeats every step; 'loss' is new
+    assert verdict.lines[0] == "rank 0: waiting in DistributedOptimizer's allreduce of gradient bucket " \
+                               "'bucket.0.bias' (train.py:30)"
+    # every rank in its lane: the data plane is slow or stuck, which is not a divergence
+    assert _confirmed(DeadlockWatch(table, 0.05, decides=True), [lane, lane]) is None

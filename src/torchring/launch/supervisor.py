@@ -72,9 +72,7 @@ class Failure:
 #: is named the cause (a rank that raised records it before it exits, so this is rarely waited out).
 CAUSE_WAIT_S = 1.0
 
-#: How often the launcher looks for a deadlock the ranks' engines confirmed, and how long it then lets the
-#: ranks exit on their own (each raises the verdict) before it stops them.
-DEADLOCK_POLL_S = 0.25
+#: How long the ranks of a deadlocked job get to exit on their own (each raises the verdict) once one failed.
 DEADLOCK_EXIT_WAIT_S = 3.0
 
 #: What ssh returns when the connection failed or dropped.
@@ -115,7 +113,6 @@ class Supervisor:
         self.cause_wait_s = cause_wait_s
         #: The deadlock the ranks' engines confirmed (``runtime.deadlock``), read from the store.
         self.deadlock = deadlock
-        self._deadlock_read_at = 0.0
         self.settle_period_s = settle_period_s
         #: The hang detector (if on): a hung job ends with its verdict; a failure is checked against it.
         self.detector = detector
@@ -154,9 +151,6 @@ class Supervisor:
                 return Failure(None, "", None, -self._stop_signal, f"the launcher received {name}")
             if self.detector is not None and self.detector.verdict is not None:
                 return self._hang_failure(self.detector.verdict)
-            deadlock = self._poll_deadlock()
-            if deadlock is not None:
-                return self._deadlock_failure(deadlock)
             failed = self._failed_workers()
             if failed:
                 return self._root_cause(failed)
@@ -228,16 +222,10 @@ class Supervisor:
         return Failure(root.rank, root.hostname, None if root.remote else root.process.pid, code,
                        reason, consequences, independent)
 
-    def _poll_deadlock(self) -> DeadlockRecord | None:
-        now = time.monotonic()
-        if now - self._deadlock_read_at < DEADLOCK_POLL_S:
-            return None
-        self._deadlock_read_at = now
-        return self.deadlock()
-
     def _deadlock_failure(self, record: DeadlockRecord) -> Failure:
-        """The job deadlocked: every rank raised the verdict; give them ``DEADLOCK_EXIT_WAIT_S`` to exit
-        with their tracebacks, then blame the odd ranks the verdict names."""
+        """A rank failed after the ranks' engines found the job deadlocked (every rank raised the verdict):
+        give the others ``DEADLOCK_EXIT_WAIT_S`` to exit with their tracebacks, then blame the odd ranks
+        the verdict names. (A job whose ranks catch the verdict and end well is not failed for it.)"""
         deadline = time.monotonic() + DEADLOCK_EXIT_WAIT_S
         while time.monotonic() < deadline and any(w.process.poll() is None for w in self.workers):
             self._wakeup.wait(self.poll_interval_s)

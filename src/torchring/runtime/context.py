@@ -294,7 +294,7 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
         recorder = engine.recorder = open_recorder(settings.ops_file, info.rank, info.size)
         engine.start()
         lanes = LaneRegistry(generation_prefix(_generation), _lane_group_opener(store, table, timeout),
-                             lambda: engine.timeline, recorder, report_peer_failure)
+                             lambda: engine.timeline, recorder, report_peer_failure, engine.deadlocks)
         _runtime = Runtime(environment, topology, store, signed, control_group, table, engine, _generation,
                            dynamic_process_sets, settings, lanes, _start_metrics(signed, topology, settings),
                            recorder)

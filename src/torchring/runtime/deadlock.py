@@ -6,11 +6,13 @@ request that some members never submitted, and never will: they are waiting too.
 for certain, without a timeout:
 
 - a user thread that has waited ``BLOCKED_AFTER_S`` for an engine request tells its engine, with the
-  call site it waits at (``Engine.note_blocked``); every cycle's announcement carries what the rank is
-  blocked on (usually nothing: one empty tuple);
+  call site it waits at (``note_blocked``), and so does a ``DistributedOptimizer`` step waiting in its
+  gradient lane; every cycle's announcement carries what the rank is blocked on (usually nothing: one
+  empty tuple);
 - every rank holds the same negotiation table, so after each cycle each engine sees whether *every*
-  rank is blocked on requests that are still pending (not submitted by some member), while the cycle
-  brought nothing new and released nothing;
+  rank is blocked, at least one on an engine request and all of those on requests still pending (not
+  submitted by some member), while the cycle brought nothing new and released nothing. A rank waiting
+  in its lane then waits for a peer that can never take part: that peer is blocked in negotiation;
 - rank 0 confirms that this state held, unchanged, for ``confirm_s`` (``TORCHRING_DEADLOCK_TIMEOUT``,
   default 5 s; 0 turns detection off), then publishes the verdict through the announcement the stall
   shutdown uses: every rank fails its pending operations with the same ``HorovodInternalError`` text,
@@ -19,7 +21,8 @@ for certain, without a timeout:
 Blame: the smallest group of ranks blocked alike; between groups of one size, those waiting for a
 request that was never completed before (an extra operation) rather than one the job repeats; else
 every group. A rank that waits in anything else (its own computation, ``time.sleep``, a gradient
-lane's reduction) is not blocked here, so no verdict: the launcher's hang detector covers that.
+lane's reduction while every other rank does too) gives no verdict: the launcher's hang detector
+covers that.
 """
 
 from __future__ import annotations
@@ -36,10 +39,12 @@ from .negotiation import Negotiator, RequestKey, Response
 if TYPE_CHECKING:
     from .engine_data import Announcement
 
-__all__ = ["BLOCKED_AFTER_S", "Blocked", "DeadlockWatch", "Verdict", "call_site"]
+__all__ = ["BLOCKED_AFTER_S", "LANE_SET", "Blocked", "DeadlockWatch", "Verdict", "call_site"]
 
 #: How long a user thread waits for a request before it counts as blocked.
 BLOCKED_AFTER_S = 1.0
+#: The "process set" of the keys a gradient lane's wait is announced under: no negotiated request.
+LANE_SET = -1
 #: How many released request names are remembered (to tell an extra operation from a repeated one).
 REMEMBERED_NAMES = 4096
 
@@ -82,6 +87,9 @@ class DeadlockWatch:
         self._report = report
         #: Requests this rank's threads have waited on for ``BLOCKED_AFTER_S`` or more: key -> call site.
         self._blocked: dict[RequestKey, str] = {}
+        #: The text every rank's engine stopped with (a deadlock's verdict, a stall shutdown), once it did:
+        #: a wait outside the engine (a gradient lane's) raises it too.
+        self.aborted = ""
         self._suspect: tuple[Blocked, ...] | None = None
         self._since = 0.0
         #: Keys of recently released requests (forgotten all at once past ``REMEMBERED_NAMES``).
@@ -135,7 +143,10 @@ class DeadlockWatch:
         if not self.decides:
             return None
         pending = self._negotiator.pending
-        stuck = quiet and all(blocked) and all(key in pending for states in blocked for key, _ in states)
+        keys = [key for states in blocked for key, _ in states]
+        negotiated = [key for key in keys if key[0] != LANE_SET]
+        # a lane's wait is stuck only beside a rank stuck in negotiation (all in lanes: the data plane's matter)
+        stuck = quiet and all(blocked) and bool(negotiated) and all(key in pending for key in negotiated)
         state = tuple(blocked) if stuck else None
         now = time.monotonic()
         if state != self._suspect:
@@ -175,13 +186,15 @@ class DeadlockWatch:
         candidates = [(states, ranks) for states, ranks in ordered if len(ranks) == smallest]
         if len(candidates) < len(ordered):  # a minority exists
             return tuple(sorted(r for _, ranks in candidates for r in ranks))
-        new = [(states, ranks) for states, ranks in candidates
-               if any(key not in self._released for key, _ in states)]
+        new = [(states, ranks) for states, ranks in candidates  # a lane's bucket is reduced every step
+               if any(key[0] != LANE_SET and key not in self._released for key, _ in states)]
         if new and len(new) < len(candidates):
             candidates = new
         return tuple(sorted(r for _, ranks in candidates for r in ranks))
 
     def _describe(self, key: RequestKey, where: str, ranks: list[int]) -> str:
+        if key[0] == LANE_SET:
+            return f"DistributedOptimizer's allreduce of {key[1]}" + (f" ({where})" if where else "")
         entry = self._negotiator.pending.get(key)
         op = "operation"
         if entry is not None and entry.metas:

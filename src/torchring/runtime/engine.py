@@ -213,6 +213,7 @@ class Engine:
                 abort = next((a.stall_abort for a in announcements if a.stall_abort), "")
                 if abort:
                     self._completer.flush()
+                    self.deadlocks.aborted = abort  # a step waiting in a gradient lane raises it too
                     self._failure = HorovodInternalError(abort)
                     self._fail_all(self._failure)
                     return

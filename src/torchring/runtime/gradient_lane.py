@@ -31,6 +31,7 @@ from ..exceptions import HorovodInternalError
 from ..metrics.counters import METRICS
 from .allreduce import Scaling, start_allreduce
 from .completion import Launched
+from .deadlock import BLOCKED_AFTER_S, LANE_SET, DeadlockWatch, call_site
 from .executor import DataGroups
 from .flight_recorder import NULL_RECORDER, OpRecord, Recorder
 from .gradient_buckets import Bucket, pack_bucket, unpack_bucket
@@ -75,8 +76,11 @@ class GradientLane:
     def __init__(self, buckets: Sequence[Bucket], names: Sequence[str], groups: DataGroups,
                  settings: LaneSettings, timeline: Callable[[], Any],
                  cpu_time: Callable[[float, float], None], recorder: Recorder = NULL_RECORDER,
-                 report_peer_failure: Callable[[str], None] | None = None) -> None:
+                 report_peer_failure: Callable[[str], None] | None = None,
+                 deadlocks: DeadlockWatch | None = None) -> None:
         self.buckets = list(buckets)
+        #: Told when a step waits for its buckets a while (``deadlock``: a peer may wait in a collective).
+        self._deadlocks = deadlocks
         #: Tells the launcher that a reduction failed because another rank went away (``rank_failure``).
         self._report_peer_failure = report_peer_failure
         self.names = list(names)
@@ -255,7 +259,6 @@ class GradientLane:
     def _wait_for(self, in_flight: _InFlight, stall_checks: bool) -> None:
         work = in_flight.reduction.work
         assert work is not None
-        waited = 0.0
         warn_s = self._settings.stall_warning_s
         try:
             if not stall_checks or warn_s <= 0 or in_flight.wire.is_cuda:
@@ -263,15 +266,7 @@ class GradientLane:
                 # a timed wait could abort the communicator; its own watchdog reports hangs there
                 work.wait()
             else:
-                while True:
-                    try:
-                        work.wait(timedelta(seconds=warn_s))
-                        break
-                    except RuntimeError as error:
-                        if work.is_completed() or "timed out" not in str(error).lower():
-                            raise
-                    waited += warn_s
-                    self._stalled(in_flight.name, waited)
+                self._wait_watched(work, in_flight.name, warn_s)
         except HorovodInternalError:
             raise
         except RuntimeError as error:
@@ -280,6 +275,37 @@ class GradientLane:
                 f"gradient allreduce '{in_flight.name}' failed: {error}. Another rank probably failed or "
                 "stopped; see its output."
             ) from error
+
+    def _wait_watched(self, work: Any, name: str, warn_s: float) -> None:
+        """Wait for a CPU bucket's allreduce in slices of ``BLOCKED_AFTER_S``: after the first, tell the
+        deadlock watch that this rank waits in its lane (at the script's call site); raise the engines'
+        verdict once they stopped with one; warn every ``warn_s`` seconds."""
+        started = time.monotonic()
+        next_warning = warn_s
+        key = (LANE_SET, f"gradient bucket '{name}'")
+        watch = self._deadlocks
+        blocked = False
+        try:
+            while True:
+                try:
+                    work.wait(timedelta(seconds=min(BLOCKED_AFTER_S, warn_s)))
+                    return
+                except RuntimeError as error:
+                    if work.is_completed() or "timed out" not in str(error).lower():
+                        raise
+                if watch is not None:
+                    if watch.aborted:
+                        raise HorovodInternalError(watch.aborted)
+                    if not blocked:
+                        watch.note_blocked(key, call_site())
+                blocked = True
+                waited = time.monotonic() - started
+                if waited >= next_warning:
+                    self._stalled(name, waited)
+                    next_warning += warn_s
+        finally:
+            if blocked and watch is not None:
+                watch.note_unblocked(key)
 
     def _note_peer_failure(self, reason: str) -> None:
         if self._report_peer_failure is None:

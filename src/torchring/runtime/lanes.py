@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .deadlock import DeadlockWatch
 from .executor import DataGroups
 from .flight_recorder import NULL_RECORDER, Recorder
 from .gradient_buckets import Bucket
@@ -27,8 +28,11 @@ class LaneRegistry:
 
     def __init__(self, prefix: str, open_groups: GroupOpener, timeline: Callable[[], Any],
                  recorder: Recorder = NULL_RECORDER,
-                 report_peer_failure: Callable[[str], None] | None = None) -> None:
+                 report_peer_failure: Callable[[str], None] | None = None,
+                 deadlocks: DeadlockWatch | None = None) -> None:
         self._prefix = prefix
+        #: The engine's deadlock watch, told when a lane's step waits a while.
+        self._deadlocks = deadlocks
         #: Tells the launcher that a lane's reduction failed because of another rank.
         self._report_peer_failure = report_peer_failure
         self._open_groups = open_groups
@@ -50,7 +54,7 @@ class LaneRegistry:
             self._opened_per_set[process_set] = serial + 1
         groups = self._open_groups(f"{self._prefix}/lane{process_set}.{serial}", process_set)
         lane = GradientLane(buckets, names, groups, settings, self._timeline, self._add_cpu_seconds, self._recorder,
-                            self._report_peer_failure)
+                            self._report_peer_failure, self._deadlocks)
         with self._lock:
             self._groups.append(groups)
             self._lanes.append(lane)

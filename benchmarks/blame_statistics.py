@@ -1,0 +1,90 @@
+"""Failure handling as a statistic: the same faulty job many times with the machine busy, counting how
+often ``torchring run`` names the right rank (and, for diverged ranks, how long it took).
+
+    .venv/bin/python benchmarks/blame_statistics.py [--runs 20] [--load 2] [--only raise|diverge]
+
+Scenarios (each run is a real ``torchring run`` job, ``tests/integration/scripts``):
+
+- ``raise``: rank 1 raises ``ValueError`` at step 20 of a ``DistributedOptimizer`` loop and of a plain
+  DDP loop, at 2 and 3 ranks; right when the summary's first line names rank 1 as having raised it.
+- ``diverge``: rank 1 alone submits an extra named allreduce (2 ranks), and Horovod's test_torch.py
+  divergence (ranks 0,2 in a barrier, rank 1 in one more reducescatter, 3 ranks); right when rank 1 is
+  blamed for a deadlock and the job ended within 20 s.
+
+``--load N`` keeps N processes spinning on the CPU meanwhile (default: as many as there are cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "tests" / "integration" / "scripts"
+SUMMARY = re.compile(r"^torchring run: rank (\d+) \(pid \d+ on [^)]*\) (.*)$", re.MULTILINE)
+
+
+def _job(args: list[str], timeout: float = 120) -> tuple[int, str, float]:
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "torchring", "run", *args], capture_output=True, text=True,
+                            timeout=timeout, check=False)
+    return result.returncode, result.stderr, time.monotonic() - started
+
+
+def _raise_case(mode: str, np: int) -> tuple[bool, str, float]:
+    code, stderr, took = _job(["-np", str(np), sys.executable, str(SCRIPTS / "fault_in_training.py"), mode, "raise"])
+    match = SUMMARY.search(stderr)
+    right = code == 1 and match is not None and match.group(1) == "1" and "raised ValueError" in match.group(2)
+    return right, match.group(0) if match else stderr[-300:], took
+
+
+def _diverge_case(case: str, np: int) -> tuple[bool, str, float]:
+    code, stderr, took = _job(["--horovod-compat", "-np", str(np), sys.executable, str(SCRIPTS / "diverge_hvd.py"),
+                               case])
+    match = SUMMARY.search(stderr)
+    right = code == 1 and match is not None and match.group(1) == "1" and "diverged" in match.group(2) and took < 20
+    return right, match.group(0) if match else stderr[-300:], took
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--load", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--only", choices=("raise", "diverge"))
+    args = parser.parse_args()
+    cases = []
+    if args.only in (None, "raise"):
+        cases += [(f"raise, {mode}, {np} ranks", _raise_case, mode, np)
+                  for mode in ("optimizer", "ddp") for np in (2, 3)]
+    if args.only in (None, "diverge"):
+        cases += [("diverge, extra allreduce, 2 ranks", _diverge_case, "extra", 2),
+                  ("diverge, test_torch reducescatter, 3 ranks", _diverge_case, "reducescatter", 3)]
+    load = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load)]
+    failed = False
+    try:
+        print(f"{args.runs} runs per case, {args.load} spinning processes beside them", flush=True)
+        for label, run, *params in cases:
+            right, times, wrong = 0, [], []
+            for index in range(args.runs):
+                ok, summary, took = run(*params)
+                right += ok
+                times.append(took)
+                if not ok:
+                    wrong.append(f"    run {index + 1}: {summary}")
+            failed |= right < args.runs
+            print(f"{label}: right {right} of {args.runs}; job took {min(times):.1f}-{max(times):.1f} s "
+                  f"(median {sorted(times)[len(times) // 2]:.1f})", flush=True)
+            for line in wrong:
+                print(line, flush=True)
+    finally:
+        for process in load:
+            process.kill()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,9 +7,10 @@ Scenarios (each run is a real ``torchring run`` job, ``tests/integration/scripts
 
 - ``raise``: rank 1 raises ``ValueError`` at step 20 of a ``DistributedOptimizer`` loop and of a plain
   DDP loop, at 2 and 3 ranks; right when the summary's first line names rank 1 as having raised it.
-- ``diverge``: rank 1 alone submits an extra named allreduce (2 ranks), and Horovod's test_torch.py
-  divergence (ranks 0,2 in a barrier, rank 1 in one more reducescatter, 3 ranks); right when rank 1 is
-  blamed for a deadlock and the job ended within 20 s.
+- ``diverge``: rank 1 alone submits an extra named allreduce (2 ranks), Horovod's test_torch.py
+  divergence (ranks 0,2 in a barrier, rank 1 in one more reducescatter, 3 ranks), and rank 1's extra
+  allreduce in a ``DistributedOptimizer`` loop while rank 0 waits in its gradient lane (2 ranks);
+  right when rank 1 is blamed for a deadlock and the whole job (start-up included) took under 20 s.
 
 ``--load N`` keeps N processes spinning on the CPU meanwhile (default: as many as there are cores).
 """
@@ -62,7 +63,8 @@ def main() -> int:
                   for mode in ("optimizer", "ddp") for np in (2, 3)]
     if args.only in (None, "diverge"):
         cases += [("diverge, extra allreduce, 2 ranks", _diverge_case, "extra", 2),
-                  ("diverge, test_torch reducescatter, 3 ranks", _diverge_case, "reducescatter", 3)]
+                  ("diverge, test_torch reducescatter, 3 ranks", _diverge_case, "reducescatter", 3),
+                  ("diverge, extra allreduce beside DistributedOptimizer, 2 ranks", _diverge_case, "optimizer", 2)]
     load = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load)]
     failed = False
     try:

@@ -34,7 +34,8 @@ from typing import Any
 
 from .contract import ELASTIC, JOB_ID, RANK, own_failure_key, peer_failure_key
 
-__all__ = ["OwnFailure", "caused_by_peer", "install_excepthook", "parse_own_failure", "record_uncaught"]
+__all__ = ["OwnFailure", "caused_by_peer", "install_excepthook", "is_library_file", "parse_own_failure",
+           "record_uncaught"]
 
 #: How long the hook waits for the store before it lets the process exit anyway.
 WRITE_TIMEOUT_S = 3.0
@@ -104,12 +105,27 @@ def _first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0][:MAX_ERROR_CHARS]}" if text else type(error).__name__
 
 
+#: This package's directory: its frames are never the script's.
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def is_library_file(path: str) -> bool:
+    """Whether ``path`` is torchring's, an installed package's (torch, the standard library) or frozen
+    code: not the script's own, so not where a user looks."""
+    if path.startswith("<") or path.startswith(_PACKAGE_DIR):
+        return True
+    normal = path.replace(os.sep, "/")
+    return "/site-packages/" in normal or "/dist-packages/" in normal or normal.startswith(_STDLIB)
+
+
+_STDLIB = os.path.dirname(os.__file__).replace(os.sep, "/") + "/"
+
+
 def _where(tb: TracebackType | None) -> str:
-    """``train.py:31``: the innermost frame of the traceback outside torch and torchring."""
+    """``train.py:31``: the innermost frame of the traceback in the script's own code."""
     frames = traceback.extract_tb(tb) if tb is not None else []
     for frame in reversed(frames):
-        path = frame.filename.replace(os.sep, "/")
-        if not any(part in path for part in ("/site-packages/", "/torch/", "torchring/", "<frozen")):
+        if not is_library_file(frame.filename):
             return f"{os.path.basename(frame.filename)}:{frame.lineno}"
     return f"{os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
 

@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..rank_failure import is_library_file
 from .negotiation import Negotiator, RequestKey, Response
 
 if TYPE_CHECKING:
@@ -53,11 +54,11 @@ Blocked = tuple[tuple[RequestKey, str], ...]
 
 
 def call_site() -> str:
-    """``train.py:88``: the innermost frame of the calling thread outside torch and torchring."""
+    """``train.py:88``: the innermost frame of the calling thread in the script's own code."""
     frame = sys._getframe(1)
     while frame is not None:
-        path = frame.f_code.co_filename.replace(os.sep, "/")
-        if not any(part in path for part in ("/torch/", "torchring/", "/horovod/", "<frozen")):
+        path = frame.f_code.co_filename
+        if not is_library_file(path):
             return f"{os.path.basename(path)}:{frame.f_lineno}"
         frame = frame.f_back
     return ""

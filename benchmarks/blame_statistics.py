@@ -1,7 +1,7 @@
 """Failure handling as a statistic: the same faulty job many times with the machine busy, counting how
 often ``torchring run`` names the right rank (and, for diverged ranks, how long it took).
 
-    .venv/bin/python benchmarks/blame_statistics.py [--runs 20] [--load 2] [--only raise|diverge]
+    .venv/bin/python benchmarks/blame_statistics.py [--runs 20] [--load 2] [--only raise|diverge] [--match TEXT]
 
 Scenarios (each run is a real ``torchring run`` job, ``tests/integration/scripts``):
 
@@ -56,15 +56,18 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--load", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--only", choices=("raise", "diverge"))
+    parser.add_argument("--match", default="", help="only the cases whose label contains this text")
     args = parser.parse_args()
     cases = []
     if args.only in (None, "raise"):
-        cases += [(f"raise, {mode}, {np} ranks", _raise_case, mode, np)
+        names = {"optimizer": "DistributedOptimizer", "ddp": "DDP"}
+        cases += [(f"raise, {names[mode]}, {np} ranks", _raise_case, mode, np)
                   for mode in ("optimizer", "ddp") for np in (2, 3)]
     if args.only in (None, "diverge"):
         cases += [("diverge, extra allreduce, 2 ranks", _diverge_case, "extra", 2),
                   ("diverge, test_torch reducescatter, 3 ranks", _diverge_case, "reducescatter", 3),
                   ("diverge, extra allreduce beside DistributedOptimizer, 2 ranks", _diverge_case, "optimizer", 2)]
+    cases = [case for case in cases if args.match in case[0]]
     load = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load)]
     failed = False
     try:

@@ -34,8 +34,8 @@ from typing import Any
 
 from .contract import ELASTIC, JOB_ID, RANK, own_failure_key, peer_failure_key
 
-__all__ = ["OwnFailure", "caused_by_peer", "install_excepthook", "is_library_file", "parse_own_failure",
-           "record_uncaught"]
+__all__ = ["OwnFailure", "caused_by_peer", "install_excepthook", "is_library_file", "note_peer_failure",
+           "parse_own_failure", "record_uncaught"]
 
 #: How long the hook waits for the store before it lets the process exit anyway.
 WRITE_TIMEOUT_S = 3.0
@@ -81,6 +81,17 @@ def parse_own_failure(value: bytes) -> OwnFailure | None:
         return None
     printable = "".join(c if c.isprintable() else "?" for c in error[:MAX_ERROR_CHARS])
     return OwnFailure(float(at), printable, "".join(c if c.isprintable() else "?" for c in where[:200]))
+
+
+def note_peer_failure(report: Callable[[str], None] | None, reason: str) -> None:
+    """Tell the launcher through ``report`` (None outside ``torchring run``) that this rank's operations
+    failed because of another rank, best effort: the launcher may be gone, the error still reaches the user."""
+    if report is None:
+        return
+    try:
+        report(reason)
+    except Exception:  # noqa: BLE001 - see above
+        pass
 
 
 def caused_by_peer(error: BaseException) -> bool:

@@ -81,3 +81,13 @@ def test_a_worker_in_a_container_runs_under_docker_and_is_stopped(tmp_path, monk
     run = next(call for call in calls if call[0] == "run")
     assert run[run.index("--name") + 1] == "torchring-job-worker2"
     assert ["stop", "-t", "5", "torchring-job-worker2"] in calls
+
+
+def test_a_rank_gets_the_variables_torchs_env_rendezvous_reads_from_an_agent_store():
+    from torchring.launch.hosts import SlotAssignment
+    from torchring.launch.worker_env import topology_variables
+
+    variables = topology_variables(SlotAssignment(1, 2, 1, 2, 0, 1, "localhost", 0, 1))
+    assert variables["RANK"] == "1" and variables["WORLD_SIZE"] == "2" and variables["LOCAL_RANK"] == "1"
+    # torch 2.4's env:// needs the restart count whenever the agent (here: the launcher) serves the store
+    assert variables["TORCHELASTIC_USE_AGENT_STORE"] == "True" and variables["TORCHELASTIC_RESTART_COUNT"] == "0"

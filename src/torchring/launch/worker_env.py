@@ -120,6 +120,8 @@ def topology_variables(slot: SlotAssignment) -> dict[str, str]:
         ROLE_RANK=str(slot.rank),
         ROLE_WORLD_SIZE=str(slot.size),
         TORCHELASTIC_USE_AGENT_STORE="True",
+        # torch 2.4's env:// reads it whenever the agent serves the store (torchrun sets it too)
+        TORCHELASTIC_RESTART_COUNT="0",
     )
     return variables
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from ..exceptions import HorovodInternalError, TensorMismatchError
 from ..metrics.counters import METRICS
+from ..rank_failure import note_peer_failure
 from .completion import Completer, Launched
 from .control import ControlChannel
 from .cycle_negotiation import negotiate_cycle
@@ -249,12 +250,7 @@ class Engine:
 
     def _note_peer_failure(self, reason: str) -> None:
         """Tell the launcher that this rank's operations fail because of another rank."""
-        if self._report_peer_failure is None:
-            return
-        try:
-            self._report_peer_failure(reason)
-        except Exception:  # noqa: BLE001 - the launcher may be gone; the error still reaches the user
-            pass
+        note_peer_failure(self._report_peer_failure, reason)
 
     def _goes_idle(self) -> bool:
         """Whether every rank's engine blocks after this cycle (decided from state all ranks share).

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from ..compression import Compressor
 from ..exceptions import HorovodInternalError
 from ..metrics.counters import METRICS
+from ..rank_failure import note_peer_failure
 from .allreduce import Scaling, start_allreduce
 from .completion import Launched
 from .deadlock import BLOCKED_AFTER_S, LANE_SET, DeadlockWatch, call_site
@@ -308,12 +309,8 @@ class GradientLane:
                 watch.note_unblocked(key)
 
     def _note_peer_failure(self, reason: str) -> None:
-        if self._report_peer_failure is None:
-            return
-        try:
-            self._report_peer_failure(reason)
-        except Exception:  # noqa: BLE001 - the launcher may be gone; the error still reaches the user
-            pass
+        """Tell the launcher that this rank's operations fail because of another rank."""
+        note_peer_failure(self._report_peer_failure, reason)
 
     def _stalled(self, name: str, waited: float) -> None:
         shutdown_s = self._settings.stall_shutdown_s

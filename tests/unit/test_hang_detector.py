@@ -126,3 +126,24 @@ def test_a_rank_holding_the_gil_in_a_c_call_is_dumped_by_faulthandler_instead(tm
     finally:
         python.kill()
         python.wait()
+
+
+def test_the_next_sample_comes_at_the_deadline_when_that_is_sooner_than_an_interval():
+    import subprocess as sp
+    import time as clock
+
+    from torchring.launch.hang_detector import HangDetector
+
+    detector = HangDetector(20.0, log=lambda line: None, on_hang=lambda: None)
+    assert detector.interval_s == 2.0
+    process = sp.Popen(["sleep", "30"])
+    try:
+        detector.add(0, process, None)
+        assert abs(detector._next_wait() - 2.0) < 0.01  # far from the deadline: one interval
+        detector._tracked[0].changed_at = clock.monotonic() - 19.5
+        assert 0.4 < detector._next_wait() <= 0.5  # the deadline comes first
+        detector._tracked[0].changed_at = clock.monotonic() - 25
+        assert detector._next_wait() == 2.0  # past it without a verdict: the usual pace, not a busy loop
+    finally:
+        process.kill()
+        process.wait()

@@ -44,6 +44,8 @@ from .stragglers import StragglerWatch
 
 __all__ = ["HangDetector", "HangVerdict", "sampling_interval"]
 
+#: The shortest wait between two samples (one made just before a deadline is followed by one at it).
+MIN_WAIT_S = 0.05
 #: How long one sample waits for remote ranks' answers (their supervisor waits ``DUMP_WAIT_S`` for the dump).
 REMOTE_WAIT_S = DUMP_WAIT_S + 1.5
 
@@ -154,7 +156,7 @@ class HangDetector:
 
     def _run(self) -> None:
         while not self._stopped:
-            self._wakeup.wait(self.interval_s)
+            self._wakeup.wait(self._next_wait())
             self._wakeup.clear()
             if self._stopped:
                 return
@@ -168,6 +170,25 @@ class HangDetector:
                 self.sample()
                 self._watch_stragglers()
                 self._check()
+
+    def _next_wait(self) -> float | None:
+        """Seconds to the next sample: one interval, or less when the job could be hung sooner (the last
+        progress seen, or a rank frozen, plus the timeout), so that a hang is called within the timeout
+        plus one interval of the last progress (the interval is how late a sample may see it)."""
+        if self.interval_s is None:
+            return None
+        with self._lock:
+            live = [t for t in self._tracked.values() if t.process.poll() is None]
+        if not live:
+            return self.interval_s
+        due = max(t.changed_at for t in live) + self.hang_timeout_s
+        frozen = [t.frozen_since for t in live if t.frozen_since is not None]
+        if frozen:
+            due = min(due, min(frozen) + self.hang_timeout_s)
+        remaining = due - time.monotonic()
+        if remaining <= 0:  # due and still no verdict (a rank it cannot sample, say): the usual pace
+            return self.interval_s
+        return min(self.interval_s, max(remaining, MIN_WAIT_S))
 
     def _watch_stragglers(self) -> None:
         if self.stragglers is None:

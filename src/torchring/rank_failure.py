@@ -42,10 +42,10 @@ WRITE_TIMEOUT_S = 3.0
 #: The longest error text recorded.
 MAX_ERROR_CHARS = 400
 
-#: Words of errors that mean another rank went away, as Gloo, NCCL and the store word them.
-_PEER_LOSS_WORDS = ("connection closed by peer", "connection reset by peer", "broken pipe", "connection refused",
-                    "another rank", "has been shut down", "timed out", "timeout", "communicator was aborted",
-                    "nccl error", "[gloo/", "gloo/transport", "read error", "socket closed")
+#: Words of errors that mean another rank went away, as Gloo, NCCL and torchring word them (matched in a
+#: ``RuntimeError``'s text; torch.distributed's own error types are matched by type).
+_PEER_LOSS_WORDS = ("connection closed by peer", "connection reset by peer", "broken pipe", "another rank",
+                    "has been shut down", "communicator was aborted", "nccl error", "[gloo/", "gloo/transport")
 
 _installed_in: int | None = None
 _recorded = False
@@ -105,7 +105,7 @@ def caused_by_peer(error: BaseException) -> bool:
         if kind.__name__ == "HorovodInternalError" or kind.__module__.startswith("torch.distributed"):
             return True
         text = str(current).lower()
-        if isinstance(current, RuntimeError | OSError) and any(word in text for word in _PEER_LOSS_WORDS):
+        if isinstance(current, RuntimeError) and any(word in text for word in _PEER_LOSS_WORDS):
             return True
         current = current.__cause__ or current.__context__
     return False

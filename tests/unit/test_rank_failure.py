@@ -21,6 +21,10 @@ def test_errors_of_a_vanished_peer_are_consequences_and_ordinary_errors_are_caus
     assert not caused_by_peer(ValueError("bad batch at step 20"))
     assert not caused_by_peer(KeyError("label"))
     assert not caused_by_peer(RuntimeError("mat1 and mat2 shapes cannot be multiplied (16x32 and 31x64)"))
+    assert not caused_by_peer(RuntimeError("DataLoader timed out after 30 seconds"))
+    assert not caused_by_peer(ConnectionResetError("Connection reset by peer"))  # the script's own download
+    assert caused_by_peer(RuntimeError("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out "
+                                       "waiting 30000ms for recv operation to complete"))
 
 
 def test_an_own_failure_record_is_read_only_when_well_formed():

@@ -45,6 +45,9 @@ WORKER_ID = "TORCHRING_WORKER_ID"
 ELASTIC_TIMEOUT = "TORCHRING_ELASTIC_TIMEOUT"
 #: How many resets the elastic job allows (``--reset-limit``).
 RESET_LIMIT = "TORCHRING_RESET_LIMIT"
+#: ``1`` for an elastic worker started as a hot spare (``--spares``): it waits in ``hvd.init()``, with no
+#: deadline, until the launcher gives it a place.
+ELASTIC_SPARE = "TORCHRING_ELASTIC_SPARE"
 #: ``1`` when the launcher collects the ranks' metrics from the store (``--metrics-port``).
 METRICS_PUBLISH = "TORCHRING_METRICS_PUBLISH"
 
@@ -80,6 +83,17 @@ def elastic_assignment_key(generation: int, worker_id: str) -> str:
 def elastic_arrived_key(generation: int, rank: int) -> str:
     """Set by rank ``rank`` once it has joined ``generation``."""
     return f"torchring/elastic/{generation}/arrived/{rank}"
+
+
+def elastic_standby_key(worker_id: str) -> str:
+    """Set by a hot spare once it waits in ``hvd.init()`` (torch imported, connected to the store)."""
+    return f"torchring/elastic/standby/{worker_id}"
+
+
+def elastic_first_step_key(generation: int) -> str:
+    """Set by rank 0 of ``generation`` when its first training step there completed (an optimizer step
+    or a ``commit()``): the launcher times recoveries with it."""
+    return f"torchring/elastic/{generation}/first_step"
 
 
 def metrics_snapshot_key(rank: int) -> str:

@@ -405,6 +405,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         result = super().step(closure)
         METRICS.step()
+        context.note_step()
         return result
 
     def _local_step(self, closure: Any = None) -> Any:

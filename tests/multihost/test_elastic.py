@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "elastic_train.py"
 SAMPLES = 240
@@ -43,6 +45,18 @@ def wait_for_progress(process, count, lines):
         lines.append(line)
         seen += "progress epoch" in line
     assert seen >= count, "".join(lines[-20:])
+
+
+def wait_for_launcher(process, text, lines, timeout=60):
+    """Read the launcher's log until a line holds ``text``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = process.stderr.readline()
+        assert line, "the launcher ended first:\n" + "".join(lines[-20:])
+        lines.append(line)
+        if text in line:
+            return
+    raise AssertionError(f"no {text!r} within {timeout} s:\n" + "".join(lines[-20:]))
 
 
 def finish(process, lines, timeout=240):
@@ -125,6 +139,56 @@ def test_an_added_host_grows_the_job(cluster, tmp_path):
     checksums = final_checksums(stdout)
     assert sorted(checksums) == [0, 1, 2] and len({c for _, c in checksums.values()}) == 1
     assert f"final rank 2 size 3 checksum {checksums[2][1]}" in (out / "worker.2" / "stdout").read_text()
+    assert_every_sample_once_per_epoch(log, 3)
+    assert_hosts_empty(cluster)
+
+
+@pytest.mark.parametrize("kill_first", [True, False], ids=["kill-then-remove", "remove-then-kill"])
+def test_a_host_lost_with_its_workers_and_removed_from_the_pool_at_once_finishes_on_the_survivors(
+        cluster, tmp_path, kill_first):
+    """Every job process on h3 SIGKILLed and h3 removed from the discovery file at the same moment, in
+    both orders: the driver may start a replacement on h3 before it sees h3 leave; the generation it
+    then publishes holds only workers that really run, so the two survivors finish."""
+    process, pool, log = start(cluster, tmp_path, ["h1", "h2", "h3"], "--min-np", "2", "--max-np", "3")
+    lines = []
+    wait_for_progress(process, 8, lines)
+    events = [lambda: [os.kill(pid, signal.SIGKILL) for pid in _worker_pids(cluster, "h3")],
+              lambda: pool.write_text("h1\nh2\n")]
+    for event in events if kill_first else reversed(events):
+        event()
+    stdout, stderr = finish(process, lines, timeout=120)
+    assert process.returncode == 0, stderr[-3000:]
+    checksums = final_checksums(stdout)
+    assert sorted(checksums) == [0, 1] and len({c for _, c in checksums.values()}) == 1, stdout[-2000:]
+    assert all(size == 2 for size, _ in checksums.values())
+    assert re.search(r"generation \d+ trained its first step [\d.]+ s after the (host|worker) lost was seen", stderr)
+    assert_every_sample_once_per_epoch(log, 3)
+    assert_hosts_empty(cluster)
+
+
+def test_below_min_np_the_job_waits_and_continues_when_a_host_returns(cluster, tmp_path):
+    """Horovod's long-open elastic deadlock: the survivors fall below --min-np, then a host returns. h2 and
+    h3 lose every process (so both are blacklisted as unreachable) and leave the pool; the survivor waits in
+    hvd.init(); h3 is listed again (off the blacklist, preflighted afresh) and the job finishes on 2."""
+    process, pool, log = start(cluster, tmp_path, ["h1", "h2", "h3"], "--min-np", "2", "--max-np", "3",
+                               "--elastic-timeout", "60")
+    lines = []
+    wait_for_progress(process, 6, lines)
+    cluster.kill_all_in("h2")
+    cluster.kill_all_in("h3")
+    wait_for_launcher(process, "waiting up to 60 s for hosts (need 2)", lines)
+    pool.write_text("h1\n")
+    wait_for_launcher(process, "host h3 left the pool", lines)
+    pool.write_text("h1\nh3\n")
+    stdout, stderr = finish(process, [], timeout=180)
+    stderr = "".join(line for line in lines if line.startswith("torchring run")) + stderr
+    print("".join(line for line in lines if "socket.cpp" not in line and "progress" not in line))
+    print(stderr)
+    assert process.returncode == 0, stderr[-3000:]
+    assert "host h3 is listed again after discovery dropped it: off the blacklist" in stderr, stderr[-3000:]
+    assert re.search(r"enough hosts again after \d+ s below --min-np 2", stderr), stderr[-3000:]
+    checksums = final_checksums(stdout)
+    assert len(checksums) == 2 and len({c for _, c in checksums.values()}) == 1, stdout[-2000:]
     assert_every_sample_once_per_epoch(log, 3)
     assert_hosts_empty(cluster)
 

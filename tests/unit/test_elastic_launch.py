@@ -8,7 +8,8 @@ import pytest
 
 from torchring.environments.elastic import format_assignment, parse_assignment
 from torchring.launch.discovery import Blacklist, HostDiscovery, parse_discovery_output
-from torchring.launch.elastic_driver import ElasticWorker, assign_generation
+from torchring.launch.elastic_plan import assign_generation
+from torchring.launch.elastic_worker import ElasticWorker
 from torchring.launch.failure_policy import FailurePolicy
 from torchring.launch.hosts import HostSpecError
 from torchring.launch.run import add_run_arguments, config_from_args
@@ -85,7 +86,7 @@ def test_a_worker_is_unreachable_when_its_ssh_client_exits_with_255_or_its_link_
 
 
 def test_ranks_follow_host_order_then_slot():
-    workers = [worker("w5", "b", 1), worker("w0", "a", 0), worker("w3", "b", 0), worker("w9", "c", 0)]
+    workers = [("w5", "b", 1), ("w0", "a", 0), ("w3", "b", 0), ("w9", "c", 0)]
     assignments = assign_generation(workers, ["a", "b", "c"])
     summary = {wid: (i.rank, i.size, i.local_rank, i.local_size, i.cross_rank, i.cross_size, i.hostname)
                for wid, i in assignments.items()}

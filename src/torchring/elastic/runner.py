@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 from .. import basics
 from ..exceptions import HorovodInternalError, HostsUpdatedInterrupt
 from ..metrics.counters import METRICS
+from ..rank_failure import caused_by_peer
 from .membership import elastic_mode, reset_limit
 from .state import State
 
@@ -26,10 +27,12 @@ def run(func: Callable[..., Result]) -> Callable[..., Result]:
     """Decorate ``train(state, *args, **kwargs)`` so that it survives membership changes.
 
     Loop: ``state.sync()`` (skipped after an interrupt that only removed hosts), call ``func``. When a
-    collective fails (``HorovodInternalError``) the state rolls back to its last commit; when hosts were
-    added or removed (``HostsUpdatedInterrupt``) it keeps its current values. Then torchring is
-    re-initialised with the new membership, ``state.on_reset()`` runs the reset callbacks, and the loop
-    starts again. Outside an elastic launch a failure cannot be recovered from and is re-raised.
+    collective fails (``HorovodInternalError``), in ``func`` or in ``sync()`` itself (a peer lost while
+    the state is handed out), the state rolls back to its last commit; when hosts were added or removed
+    (``HostsUpdatedInterrupt``) it keeps its current values. Then torchring is re-initialised with the
+    new membership (again, should a peer be lost while the groups form), ``state.on_reset()`` runs the
+    reset callbacks, and the loop starts again. Outside an elastic launch a failure cannot be recovered
+    from and is re-raised.
     """
 
     @functools.wraps(func)
@@ -40,9 +43,9 @@ def run(func: Callable[..., Result]) -> Callable[..., Result]:
             basics.init()
         resets, skip_sync = 0, False
         while True:
-            if not _everyone_skips_sync(skip_sync):
-                state.sync()
             try:
+                if not _everyone_skips_sync(skip_sync):
+                    state.sync()
                 return func(state, *args, **kwargs)
             except HorovodInternalError as error:
                 if not elastic_mode():
@@ -81,8 +84,18 @@ def _everyone_skips_sync(skip: bool) -> bool:
 
 
 def _reinitialize() -> None:
-    """Leave the current membership and join the next one."""
+    """Leave the current membership and join the next one. A peer lost while the new groups form fails
+    ``init()`` on the others; they join the generation the launcher publishes without it."""
     old_size = basics.size()
     basics.shutdown()
-    basics.init()
+    while True:
+        try:
+            basics.init()
+            break
+        except Exception as error:  # noqa: BLE001 - only a lost peer is retried; anything else is raised
+            if not caused_by_peer(error):
+                raise
+            logger.warning("a peer was lost while the new membership formed (%s); joining the next one",
+                           str(error).splitlines()[0][:200] if str(error) else type(error).__name__)
+            basics.shutdown()
     logger.warning("re-initialised: %d -> %d ranks, this is rank %d", old_size, basics.size(), basics.rank())

@@ -14,6 +14,7 @@ import torch
 from .. import basics
 from ..exceptions import HostsUpdatedInterrupt
 from ..functions import broadcast_object
+from ..runtime import context
 from .checkpoint import read_checkpoint, resolve_checkpoint_dir, write_checkpoint
 from .handlers import handler_for, is_special
 from .membership import current_hosts_version, elastic_mode
@@ -76,6 +77,7 @@ class State:
         object.__setattr__(self, "_commits", self._commits + 1)
         if self._checkpoint_dir is not None:
             self.persist()
+        context.note_step()
         self.check_host_updates()
 
     def check_host_updates(self) -> None:

@@ -6,6 +6,12 @@ generation newer than the last one it joined that assigns it a place, announces 
 until every rank of that generation has arrived. If the launcher publishes a newer generation
 meanwhile (another worker failed or a host came), it moves on to that one. Generations, assignments
 and arrivals are signed values (``store_auth``): a forged or malformed one is ignored.
+
+A hot spare (``TORCHRING_ELASTIC_SPARE=1``, ``torchring run --spares``) says it stands by
+(``contract.elastic_standby_key``) and waits in its first ``hvd.init()`` with no deadline: the launcher
+gives it a place when a worker is lost, or stops it. A worker's own deadline is the elastic timeout plus
+``DEADLINE_SLACK_S``, so that the launcher, which counts the same timeout from when it saw the job fall
+short, is the one that ends a job with too few workers, and says so.
 """
 
 from __future__ import annotations
@@ -14,12 +20,21 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..contract import ELASTIC, ELASTIC_GENERATION_KEY, WORKER_ID, elastic_arrived_key, elastic_assignment_key
+from ..contract import (
+    ELASTIC,
+    ELASTIC_GENERATION_KEY,
+    WORKER_ID,
+    elastic_arrived_key,
+    elastic_assignment_key,
+    elastic_standby_key,
+)
 from ..runtime import settings
 from ..store_auth import AuthenticatedStore
 from .base import ClusterEnvironment, LaunchEnvironmentError, RankInfo, Rendezvous
 
 _POLL_S = 0.05
+#: Seconds a worker waits beyond the elastic timeout before giving up by itself.
+DEADLINE_SLACK_S = 30.0
 #: The longest generation, assignment or arrival value read from the store.
 _MAX_BYTES = 1024
 
@@ -70,9 +85,16 @@ class ElasticLauncherEnvironment(ClusterEnvironment):
     def timeout_s(self) -> float:
         return settings.read("ELASTIC_TIMEOUT", self.env)
 
+    def standing_by(self) -> bool:
+        """A hot spare that has not joined a generation yet."""
+        return settings.read("ELASTIC_SPARE", self.env) and ElasticLauncherEnvironment.joined_generation < 0
+
     def join(self, store: AuthenticatedStore) -> Assignment:
         """Wait for this worker's place in a new generation and for every rank of it to arrive."""
-        deadline = time.monotonic() + self.timeout_s()
+        deadline = time.monotonic() + self.timeout_s() + DEADLINE_SLACK_S
+        if self.standing_by():
+            warm_up()
+            store.set(elastic_standby_key(self.worker_id), "1")
         while True:
             generation = _current_generation(store)
             info = None
@@ -84,11 +106,22 @@ class ElasticLauncherEnvironment(ClusterEnvironment):
                     ElasticLauncherEnvironment.joined_generation = generation
                     return Assignment(generation, info)
                 continue  # superseded by a newer generation: join that one
-            if time.monotonic() > deadline:
+            if self.standing_by():
+                deadline = time.monotonic() + self.timeout_s() + DEADLINE_SLACK_S
+            elif time.monotonic() > deadline:
                 raise RuntimeError(
                     f"elastic worker {self.worker_id}: the launcher assigned no place in a new generation within "
                     f"{self.timeout_s():.0f} s (TORCHRING_ELASTIC_TIMEOUT); the job has too few workers left")
             time.sleep(_POLL_S)
+
+
+def warm_up() -> None:
+    """Pay, while standing by, what a training script pays on first use after ``hvd.init()``: creating
+    the first ``torch.optim`` optimizer imports ``torch._dynamo`` (about 1.5 s of CPU)."""
+    try:
+        import torch._dynamo  # noqa: F401
+    except Exception:  # noqa: BLE001 - an optional speed-up; the script imports it itself otherwise
+        pass
 
 
 def _assignment(store: AuthenticatedStore, key: str) -> RankInfo | None:

@@ -81,6 +81,10 @@ class Blacklist:
         self._until[host] = self.clock() + seconds
         return seconds
 
+    def remove(self, host: str) -> bool:
+        """Take ``host`` off the blacklist; whether it was on it."""
+        return self._until.pop(host, None) is not None
+
     def blocks(self, host: str) -> bool:
         until = self._until.get(host)
         if until is None:

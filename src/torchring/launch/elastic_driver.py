@@ -14,6 +14,13 @@ join them at their next ``commit()``. Below ``--min-np`` the driver waits up to
 ``--elastic-timeout`` for hosts, then ends every worker with an error. Every membership change is
 logged with the time, the old and new size and the reason; ``--reset-limit`` bounds the resets.
 
+What to do on each pass is decided by ``elastic_plan`` (a generation's members are the workers really
+running; a generation holding one that is not is replaced), whatever happened in the same pass. With
+``--spares K`` the driver keeps K hot spares started on slots beyond ``--max-np``: workers waiting in
+their first ``hvd.init()`` that take a lost worker's place without a cold start; a lost spare is
+replaced in the background. ``elastic_recovery`` times each recovery, from the change seen to the
+first step of the new generation.
+
 Workers start through the job's ``Spawner`` (locally, over SSH or in containers, with output prefixed
 ``[wN]`` and, with ``--output-filename``, written to ``DIR/worker.N/``); remote hosts pass the same
 preflight as in a fixed job the first time they appear. ``--ranks`` shows the output of the workers that
@@ -23,115 +30,35 @@ hold those ranks in the latest generation.
 from __future__ import annotations
 
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
-from ..contract import ELASTIC_GENERATION_KEY, HOSTS_VERSION_KEY, elastic_arrived_key, elastic_assignment_key
-from ..environments.base import RankInfo
+from ..contract import (
+    ELASTIC_GENERATION_KEY,
+    ELASTIC_SPARE,
+    HOSTS_VERSION_KEY,
+    elastic_arrived_key,
+    elastic_assignment_key,
+    elastic_standby_key,
+)
 from ..environments.elastic import format_assignment
 from .discovery import Blacklist, HostDiscovery
+from .elastic_hosts import HostPool
+from .elastic_plan import WorkerView, assign_generation, plan_membership
+from .elastic_recovery import RecoveryClock
+from .elastic_worker import ElasticSettings, ElasticWorker, MembershipChange
 from .failure_policy import FailurePolicy
 from .hang_detector import HangDetector
-from .hosts import is_local_host
 from .local import terminate_groups
-from .output import OutputRelay
 from .preflight import check_hosts
-from .remote_link import RemoteLink
 from .rendezvous import RendezvousServer
 from .spawner import ProcessName, Spawner
 from .ssh import SshOptions
-from .supervisor import SSH_CONNECTION_FAILED, describe_returncode
 from .worker_env import elastic_variables
 
-
-@dataclass(frozen=True)
-class ElasticSettings:
-    """The elastic flags."""
-
-    min_np: int
-    max_np: int
-    reset_limit: int | None = None
-    elastic_timeout_s: float = 600.0
-    cooldown_range_s: tuple[float, float] | None = None
-    discovery_interval_s: float = 1.0
-    #: ``-np``: how many workers the first generation waits for (default: ``min_np``).
-    initial_np: int | None = None
-
-
-@dataclass
-class ElasticWorker:
-    """One worker process; it keeps its id and host while its rank changes from generation to generation."""
-
-    worker_id: str
-    host: str
-    slot: int
-    process: subprocess.Popen
-    relays: tuple[OutputRelay, OutputRelay]
-    remote: bool
-    returncode: int | None = None
-    #: Set when the driver ended it (its host left the pool): not counted as a failure.
-    removed: bool = False
-    #: Its ``remote_rank`` channel (heartbeat), for a remote or container worker.
-    link: RemoteLink | None = None
-    #: Set when the driver ended it because the hang detector found it stuck or frozen: a failed worker.
-    hang_reason: str | None = None
-    #: Its rank in each generation that gave it one (generation -> rank).
-    ranks: dict[int, int] = field(default_factory=dict)
-
-    @property
-    def number(self) -> int:
-        """Its number: 3 for worker ``w3``."""
-        return int(self.worker_id.removeprefix("w"))
-
-    def ended_how(self) -> str:
-        """How it ended, in words: stuck, cut off, or its exit code."""
-        lost = self.link.lost_reason if self.link is not None else None
-        assert self.returncode is not None
-        return self.hang_reason or lost or describe_returncode(self.returncode, self.remote)
-
-    @property
-    def alive(self) -> bool:
-        return self.returncode is None
-
-    def unreachable(self) -> str | None:
-        """Why its host cannot be reached (its link cut off, its ssh client exited with 255 by itself), else
-        None. A worker the driver ended (``hang_reason``) had its ssh client killed, which exits with 255 too."""
-        if self.link is not None and self.link.lost_reason:
-            return self.link.lost_reason
-        if self.remote and self.returncode == SSH_CONNECTION_FAILED and self.hang_reason is None:
-            return describe_returncode(self.returncode, self.remote)
-        return None
-
-
-@dataclass
-class _Change:
-    reasons: list[str] = field(default_factory=list)
-    removed_only: bool = True
-
-    def add(self, reason: str, removal: bool) -> None:
-        self.reasons.append(reason)
-        self.removed_only = self.removed_only and removal
-
-
-def assign_generation(workers: list[ElasticWorker], host_order: list[str]) -> dict[str, RankInfo]:
-    """Ranks host by host (in discovery order), then by slot; local and cross ranks as Horovod defines them."""
-    position = {host: index for index, host in enumerate(host_order)}
-    ordered = sorted(workers, key=lambda w: (position.get(w.host, len(position)), w.host, w.slot))
-    local_index: dict[str, int] = {}
-    placed = []
-    for worker in ordered:
-        local_index[worker.host] = local_index.get(worker.host, -1) + 1
-        placed.append((worker, local_index[worker.host]))
-    local_sizes = {host: count + 1 for host, count in local_index.items()}
-    result = {}
-    for rank, (worker, local_rank) in enumerate(placed):
-        peers = [w.host for w, lr in placed if lr == local_rank]
-        result[worker.worker_id] = RankInfo(rank, len(placed), local_rank, local_sizes[worker.host],
-                                            peers.index(worker.host), len(peers), worker.host)
-    return result
+#: Seconds between two passes of the driver's loop.
+POLL_S = 0.1
 
 
 class ElasticDriver:
@@ -140,8 +67,11 @@ class ElasticDriver:
     def __init__(self, settings: ElasticSettings, discovery: HostDiscovery, spawner: Spawner,
                  server: RendezvousServer, ssh_options: SshOptions, network_interfaces: Sequence[str] = (),
                  ranks_to_show: frozenset[int] | None = None, verbose: bool = False,
-                 log: Callable[[str], None] | None = None, detector: HangDetector | None = None) -> None:
+                 log: Callable[[str], None] | None = None, detector: HangDetector | None = None,
+                 recovery: RecoveryClock | None = None) -> None:
         self.settings = settings
+        #: Times each recovery; its figures are on the ``--metrics-port`` page.
+        self.recovery = recovery or RecoveryClock()
         #: Samples the local workers' stacks; a hung job ends (``verdict``), SIGUSR1 prints the report.
         self.detector = detector
         self.discovery = discovery
@@ -154,20 +84,23 @@ class ElasticDriver:
         self.log = log or (lambda message: print(f"torchring run: {message}", file=sys.stderr, flush=True))
         self.blacklist = Blacklist(settings.cooldown_range_s)
         self.policy = FailurePolicy(self.blacklist)
+        self.hosts = HostPool(discovery, self.blacklist, self._preflight, self.log)
         self.workers: list[ElasticWorker] = []
         self.generation = -1
         self.hosts_version = 0
         self.resets = 0
-        self._checked_hosts: set[str] = set()
         self._next_worker = 0
         self._stop_signal: int | None = None
-        self._host_order: list[str] = []
-        self._slots: dict[str, int] = {}
         #: Size of the last generation published, and the rank of each of its workers.
         self._published_size = 0
         self._members: dict[str, int] = {}
         #: The last generation every member of which has arrived (``hvd.init()`` returned there).
         self._arrived_generation = -1
+        self._said_no_spare_slot = False
+        #: Loop state: when the job fell below the minimum, when discovery runs next, whether training ended.
+        self._below_min_since: float | None = None
+        self._next_discovery = 0.0
+        self._finished = False
 
     # ---- the loop -------------------------------------------------------------------------------
 
@@ -185,83 +118,115 @@ class ElasticDriver:
         try:
             return self._loop()
         finally:
-            if self.detector is not None:
-                self.detector.stop()
-            self._terminate(self.live)
-            for worker in self.workers:
-                for relay in worker.relays:
-                    relay.join(timeout=5)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            self.spawner.close()
-            self.server.close()
+            self.close()
+
+    def close(self) -> None:
+        """Stop every worker still running, then the spawner, the detector and the store."""
+        if self.detector is not None:
+            self.detector.stop()
+        self._terminate(self.live)
+        for worker in self.workers:
+            for relay in worker.relays:
+                relay.join(timeout=5)
+        self.spawner.close()
+        self.server.close()
 
     @property
     def live(self) -> list[ElasticWorker]:
         return [w for w in self.workers if w.alive]
 
+    @property
+    def members(self) -> dict[str, int]:
+        """The published generation's members: worker id -> rank."""
+        return dict(self._members)
+
+    @property
+    def waiting_for_hosts(self) -> bool:
+        """Below the minimum, waiting for hosts (``--elastic-timeout``)."""
+        return self._below_min_since is not None
+
     def _on_signal(self, signum: int, _frame: object) -> None:
         self._stop_signal = signum
 
     def _loop(self) -> int:
-        below_min_since: float | None = None
-        next_discovery = 0.0
-        available: dict[str, int] = {}
-        finished = False
         while True:
-            if self._stop_signal is not None:
-                self.log(f"received {signal.Signals(self._stop_signal).name}; stopping every worker")
-                return 128 + self._stop_signal
-            if self.detector is not None and self._generation_forming():
-                self.detector.note_progress()  # workers still starting and joining: not a hang
-            self._end_stuck_workers()
-            change = self._reap()
-            if any(w.returncode == 0 for w in self.workers):
-                finished = True  # training is over: no more rescaling, let the others end
-            if finished:
-                self._stop_stranded()
-                if not self.live:
-                    return self._final_code()
-                time.sleep(0.1)
-                continue
-            now = time.monotonic()
-            if now >= next_discovery:
-                available = self._available_hosts()
-                next_discovery = now + self.settings.discovery_interval_s
-            available = {host: slots for host, slots in available.items() if not self.blacklist.blocks(host)}
-            for worker in self.live:
-                if worker.host not in available:
-                    worker.removed = True
-                    self._terminate([worker])
-                    change.add(f"worker {worker.worker_id} on {worker.host} stopped (host left the pool)", True)
-            free = self._free_slots(available)
-            target = min(self.settings.max_np, len(self.live) + len(free))
-            wants_growth = target > len(self.live)
-            if change.reasons or wants_growth or self.generation < 0 or below_min_since is not None or not self.live:
-                needed, flag = self._needed()
-                if self.detector is not None:
-                    self.detector.note_progress()  # a membership change or a wait for hosts is not a hang
-                if target < needed:
-                    below_min_since = below_min_since or now
-                    waited = now - below_min_since
-                    if waited > self.settings.elastic_timeout_s:
-                        self.log(f"only {target} worker slot(s) available, fewer than {flag} {needed}, for "
-                                 f"{waited:.0f} s (--elastic-timeout); ending the job")
-                        return 1
-                    if change.reasons:
-                        self.log(f"{'; '.join(change.reasons)}; waiting up to "
-                                 f"{self.settings.elastic_timeout_s:g} s for hosts (need {needed})")
-                    time.sleep(0.2)
-                    continue
-                below_min_since = None
-                old_size = self._published_size
-                for host, slot in free[:target - len(self.live)]:
-                    self._start_worker(host, slot)
-                    change.add(f"worker started on {host}", False)
-                code = self._publish(old_size, change)
-                if code is not None:
-                    return code
-            time.sleep(0.2)
+            code = self.step()
+            if code is not None:
+                return code
+            time.sleep(POLL_S)
+
+    def step(self) -> int | None:
+        """One pass: reap ended workers, refresh the pool, then start, promote, stop and publish as
+        ``plan_membership`` says. None to go on, else the job's exit code."""
+        if self._stop_signal is not None:
+            self.log(f"received {signal.Signals(self._stop_signal).name}; stopping every worker")
+            return 128 + self._stop_signal
+        if self.detector is not None and self._generation_forming():
+            self.detector.note_progress()  # workers still starting and joining: not a hang
+        self._end_stuck_workers()
+        change = self._reap()
+        if any(w.returncode == 0 for w in self.workers):
+            self._finished = True  # training is over: no more rescaling, let the others end
+        if self._finished:
+            self._stop_spares()
+            self._stop_stranded()
+            return None if self.live else self._final_code()
+        now = time.monotonic()
+        if now >= self._next_discovery:
+            self.hosts.refresh()
+            self._next_discovery = now + self.settings.discovery_interval_s
+        available = self.hosts.usable()
+        self._stop_workers_off_the_pool(available, change)
+        self._note_recovery()
+        plan = plan_membership(self._views(), self.generation >= 0, self._free_slots(available),
+                               self.settings.max_np, self._needed()[0], self.settings.spares)
+        if plan.waiting_for is not None:
+            return self._wait_for_hosts(plan.waiting_for, change, available, now)
+        if self._below_min_since is not None:
+            self.log(f"enough hosts again after {now - self._below_min_since:.0f} s below {self._needed()[1]} "
+                     f"{self._needed()[0]}")
+            self._below_min_since = None
+        if plan.publish:
+            if self.detector is not None:
+                self.detector.note_progress()  # a membership change is not a hang
+            by_id = {worker.worker_id: worker for worker in self.workers}
+            members = [by_id[worker_id] for worker_id in plan.members]
+            for worker_id in plan.promoted:
+                self._promote(by_id[worker_id])
+                change.add(f"spare {worker_id} on {by_id[worker_id].host} took a place", False)
+            for host, slot in plan.start_members:
+                members.append(self._start_worker(host, slot))
+                change.add(f"worker started on {host}", False)
+            if self.generation >= 0 and not plan.broken:
+                self.recovery.seen("host_added")
+            code = self._publish(members, change)
+            if code is not None:
+                return code
+        if self.generation == 0 or self.recovery.quiet():  # a recovery under way has the CPU first
+            for host, slot in plan.start_spares:
+                self._start_worker(host, slot, spare=True)
+        self._say_if_no_spare_fits(plan.publish, len(plan.start_spares))
+        return None
+
+    def _wait_for_hosts(self, needed: int, change: MembershipChange, available: dict[str, int],
+                        now: float) -> int | None:
+        """Below the minimum: wait up to ``--elastic-timeout`` for hosts (the workers wait in ``hvd.init()``),
+        then end the job; None while waiting."""
+        if self.detector is not None:
+            self.detector.note_progress()  # a wait for hosts is not a hang
+        self._below_min_since = self._below_min_since or now
+        waited = now - self._below_min_since
+        if waited > self.settings.elastic_timeout_s:
+            slots = len([w for w in self.live if w.running]) + len(self._free_slots(available))
+            self.log(f"only {slots} worker slot(s) available, fewer than {self._needed()[1]} {needed}, for "
+                     f"{waited:.0f} s (--elastic-timeout); ending the job")
+            return 1
+        if change.reasons:
+            self.log(f"{'; '.join(change.reasons)}; waiting up to {self.settings.elastic_timeout_s:g} s for hosts "
+                     f"(need {needed})")
+        return None
 
     def _needed(self) -> tuple[int, str]:
         """How many workers the job cannot run without, and the flag that says so: ``-np`` before the
@@ -273,8 +238,10 @@ class ElasticDriver:
 
     # ---- membership -----------------------------------------------------------------------------
 
-    def _reap(self) -> _Change:
-        change = _Change()
+    def _reap(self) -> MembershipChange:
+        """Collect the workers that ended: a member's failure is a membership change (and starts the
+        recovery clock), a spare's is replaced in the background."""
+        change = MembershipChange()
         for worker in self.live:
             returncode = worker.process.poll()
             if returncode is None:
@@ -286,12 +253,67 @@ class ElasticDriver:
             tail = worker.relays[1].tail
             last = f"; last stderr: {tail[-1].strip()}" if tail else ""
             reason = f"worker {worker.worker_id} on {worker.host} {worker.ended_how()}{last}; {decision.text}"
+            if worker.spare:
+                self.log(f"hot spare {reason.removeprefix('worker ')}; starting another spare where a slot is free")
+                continue
+            self.recovery.seen("host_lost" if decision.blacklisted else "worker_lost")
             change.add(reason, True)
         return change
 
+    def _stop_workers_off_the_pool(self, available: dict[str, int], change: MembershipChange) -> None:
+        """Stop the workers on hosts (or slots) discovery no longer lists, or blacklisted ones."""
+        gone = [w for w in self.live if w.running and not (w.host in available and w.slot < available[w.host])]
+        for worker in gone:
+            worker.removed = True
+        self._terminate(gone)
+        for worker in gone:
+            what = "host" if worker.host not in available else f"slot {worker.slot} of the host"
+            if worker.spare:
+                self.log(f"hot spare {worker.worker_id} on {worker.host} stopped ({what} left the pool)")
+                continue
+            if worker.worker_id in self._members:
+                self.recovery.seen("host_lost")
+            change.add(f"worker {worker.worker_id} on {worker.host} stopped ({what} left the pool)", True)
+
+    def _views(self) -> list[WorkerView]:
+        """Every running worker and every member of the published generation, for ``plan_membership``."""
+        views = []
+        for worker in self.workers:
+            member = worker.worker_id in self._members
+            if not (worker.running or member):
+                continue
+            if worker.spare and not worker.standing_by and worker.running:
+                worker.standing_by = self.server.auth.get(elastic_standby_key(worker.worker_id),
+                                                          max_bytes=16) is not None
+                if worker.standing_by:
+                    self.log(f"hot spare {worker.worker_id} on {worker.host} standing by (waiting in hvd.init())")
+            views.append(WorkerView(worker.worker_id, worker.host, worker.slot, worker.running, member,
+                                    worker.standing_by))
+        return views
+
+    def _note_recovery(self) -> None:
+        """Log a recovery once the generation it waited for completed its first step."""
+        self.recovery.spares = sum(1 for w in self.live if w.spare and w.running)
+        line = self.recovery.poll(self.server.auth)
+        if line is not None:
+            self.log(f"[{time.strftime('%H:%M:%S')}] {line}")
+
+    def _say_if_no_spare_fits(self, published: bool, started: int) -> None:
+        """Once: ``--spares`` asked for spares that no free slot can hold."""
+        spares = self.settings.spares
+        standing = sum(1 for w in self.live if w.spare and w.running)
+        if not published or not spares or self._said_no_spare_slot or standing + started >= spares:
+            return
+        self._said_no_spare_slot = True
+        self.log(f"--spares {spares}: only {standing + started} spare(s) fit, every other slot holds a training "
+                 f"worker (spares stand by on slots beyond --max-np {self.settings.max_np})")
+
     def _joined(self, worker: ElasticWorker) -> bool:
-        """Whether ``worker`` ever arrived in a generation (got through start-up as far as ``hvd.init()``)."""
+        """Whether ``worker`` got through start-up as far as ``hvd.init()``: it arrived in a generation, or
+        stood by there as a hot spare."""
         store = self.server.auth
+        if worker.standing_by or store.get(elastic_standby_key(worker.worker_id), max_bytes=16) is not None:
+            return True
         return any(store.get(elastic_arrived_key(generation, rank), max_bytes=16) is not None
                    for generation, rank in worker.ranks.items())
 
@@ -311,36 +333,13 @@ class ElasticDriver:
         for number in verdict.ranks:
             detector.forget(number)
 
-    def _available_hosts(self) -> dict[str, int]:
-        found = self.discovery.find()
-        if self.discovery.last_error:
-            self.log(f"warning: {self.discovery.last_error}; using the last hosts found")
-        available = {}
-        for host, slots in found.items():
-            if self.blacklist.blocks(host):
-                continue
-            if not is_local_host(host) and not self._reachable(host):
-                continue
-            available[host] = slots
-        self._host_order = list(found)
-        self._slots = dict(found)
-        return available
-
-    def _reachable(self, host: str) -> bool:
-        """Preflight a remote host the first time it appears (as a fixed job does); a failing host is
-        blacklisted, and checked again when its cool-down ends."""
-        if host in self._checked_hosts:
-            return True
+    def _preflight(self, host: str) -> list[str]:
+        """Check a remote host as a fixed job does (SSH, versions, the store reachable); its problems."""
         reports, problems = check_hosts([host], self.server.port, self.network_interfaces, self.ssh_options,
                                         self.log if self.verbose else None)
-        if problems:
-            cooldown = self.blacklist.add(host)
-            self.log(f"host {host} is unusable: {'; '.join(problems)}; blacklisted "
-                     f"{'for good' if cooldown is None else f'for {cooldown:.0f} s'}")
-            return False
-        self.spawner.add_reports(reports)
-        self._checked_hosts.add(host)
-        return True
+        if not problems:
+            self.spawner.add_reports(reports)
+        return problems
 
     def _generation_forming(self) -> bool:
         """Whether the current generation is still waiting for some of its workers to arrive (a replacement
@@ -375,35 +374,46 @@ class ElasticDriver:
         self._terminate(stranded)
 
     def _free_slots(self, available: dict[str, int]) -> list[tuple[str, int]]:
+        """Usable slots no live worker holds (a worker being stopped still holds its slot until it ended)."""
         used = {(w.host, w.slot) for w in self.live}
         return [(host, slot) for host, slots in available.items() for slot in range(slots) if (host, slot) not in used]
 
-    def _publish(self, old_size: int, change: _Change) -> int | None:
-        """Write the next generation's assignments, then announce it; None to keep going, else an exit code."""
-        live = self.live
+    def _stop_spares(self) -> None:
+        """Training is over: the spares have nothing left to replace."""
+        spares = [w for w in self.live if w.spare and not w.removed]
+        for worker in spares:
+            worker.removed = True
+        self._terminate(spares)
+
+    def _publish(self, members: list[ElasticWorker], change: MembershipChange) -> int | None:
+        """Write the next generation's assignments for ``members``, then announce it; None to keep going,
+        else an exit code."""
+        old_size = self._published_size
         self.generation += 1
-        assignments = assign_generation(live, self._host_order)
+        assignments = assign_generation([(w.worker_id, w.host, w.slot) for w in members], self.hosts.order)
         store = self.server.auth
-        for worker in live:
+        for worker in members:
             info = assignments[worker.worker_id]
             worker.ranks[self.generation] = info.rank
             store.set(elastic_assignment_key(self.generation, worker.worker_id), format_assignment(info))
         if self.ranks_to_show is not None:
-            for worker in live:
+            for worker in members:
                 for relay in worker.relays:
                     relay.show = assignments[worker.worker_id].rank in self.ranks_to_show
         store.set(ELASTIC_GENERATION_KEY, str(self.generation))
-        self._published_size = len(live)
+        self._published_size = len(members)
         self._members = {worker_id: info.rank for worker_id, info in assignments.items()}
+        self.recovery.published(self.generation, len(members))
         stamp = time.strftime("%H:%M:%S")
         if self.generation == 0:
-            self.log(f"[{stamp}] elastic job started with {len(live)} workers on "
-                     f"{', '.join(dict.fromkeys(w.host for w in live))}")
+            self.log(f"[{stamp}] elastic job started with {len(members)} workers on "
+                     f"{', '.join(dict.fromkeys(w.host for w in members))}")
             return None
         self.hosts_version += 1
         store.set(HOSTS_VERSION_KEY, f"{self.hosts_version} {'removed' if change.removed_only else 'added'}")
         self.resets += 1
-        self.log(f"[{stamp}] membership changed: {old_size} -> {len(live)} workers ({'; '.join(change.reasons)}); "
+        self.recovery.resets = self.resets
+        self.log(f"[{stamp}] membership changed: {old_size} -> {len(members)} workers ({'; '.join(change.reasons)}); "
                  f"generation {self.generation}, reset {self.resets}")
         if self.settings.reset_limit is not None and self.resets > self.settings.reset_limit:
             self.log(f"more than --reset-limit {self.settings.reset_limit} resets; ending the job")
@@ -412,25 +422,39 @@ class ElasticDriver:
 
     # ---- workers --------------------------------------------------------------------------------
 
-    def _start_worker(self, host: str, slot: int) -> None:
+    def _start_worker(self, host: str, slot: int, spare: bool = False) -> ElasticWorker:
         number = self._next_worker
         self._next_worker += 1
         name = ProcessName("worker", number)
         variables = elastic_variables(name.label, host, self.settings.elastic_timeout_s, self.settings.reset_limit)
+        if spare:
+            variables[ELASTIC_SPARE] = "1"
         # until the generation is published, a worker has no rank to filter its output by
-        spawned = self.spawner.start(name, host, variables, self._slots.get(host, 1),
+        spawned = self.spawner.start(name, host, variables, self.hosts.slots.get(host, 1),
                                      show=self.ranks_to_show is None)
-        self.workers.append(ElasticWorker(name.label, host, slot, spawned.process, spawned.relays, spawned.remote,
-                                          link=spawned.link))
-        if self.detector is not None:
+        worker = ElasticWorker(name.label, host, slot, spawned.process, spawned.relays, spawned.remote,
+                               link=spawned.link, spare=spare, probe=spawned.probe)
+        self.workers.append(worker)
+        if spare:
+            self.log(f"hot spare {worker.worker_id} starting on {host}")
+        elif self.detector is not None:
             self.detector.add(number, spawned.process, spawned.probe)
+        return worker
+
+    def _promote(self, worker: ElasticWorker) -> None:
+        """A spare takes a place: from now on it is a worker like the others (and watched for hangs)."""
+        worker.spare = False
+        if self.detector is not None:
+            self.detector.add(worker.number, worker.process, worker.probe)
 
     def _terminate(self, workers: list[ElasticWorker], grace_s: float = 5.0) -> None:
         terminate_groups([worker.process for worker in workers], grace_s)
 
     def _final_code(self) -> int:
         succeeded = [w for w in self.workers if w.returncode == 0]
+        spares = sum(1 for w in self.workers if w.spare)
+        unused = f" ({spares} of them hot spares never needed)" if spares else ""
         self.log(f"elastic job finished: {len(succeeded)} worker(s) completed training; "
-                 f"{self.resets} reset(s), {len(self.workers)} worker(s) started in all")
+                 f"{self.resets} reset(s), {len(self.workers)} worker(s) started in all{unused}")
         return 0
 

@@ -12,6 +12,7 @@ ELASTIC_ONLY = (
     ("reset_limit", "--reset-limit"),
     ("blacklist_cooldown_range", "--blacklist-cooldown-range"),
     ("elastic_timeout", "--elastic-timeout"),
+    ("spares", "--spares"),
 )
 
 #: Flags an elastic job cannot honour: (attribute, flag, why and what to do).

@@ -31,12 +31,15 @@ import tempfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..contract import METRICS_PUBLISH
 from ..store_auth import AuthenticatedStore
 from .containers import ContainerOptions
 from .discovery import HostDiscovery
-from .elastic_driver import ElasticDriver, ElasticSettings
+from .elastic_driver import ElasticDriver
+from .elastic_recovery import RecoveryClock
+from .elastic_worker import ElasticSettings
 from .flag_modes import check_flags_for_mode
 from .hang_detector import HangDetector
 from .hosts import HostSlots, assign_ranks, is_local_host, parse_hostfile, parse_hosts
@@ -49,6 +52,9 @@ from .stragglers import StragglerWatch
 from .supervisor import Supervisor, Worker, report_failure
 from .tuning import add_tuning_arguments, tuning_environment
 from .worker_env import EnvironmentPlan, topology_variables
+
+if TYPE_CHECKING:
+    from ..metrics.exporter import LauncherFamilies
 
 #: The launcher's default ``--hang-timeout`` and the variable that sets it when the flag is not given.
 DEFAULT_HANG_TIMEOUT_S = 300.0
@@ -131,6 +137,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                               "for good)")
     elastic.add_argument("--elastic-timeout", type=float,
                          help="seconds to wait for enough hosts before giving up (default 600)")
+    elastic.add_argument("--spares", type=int, metavar="K",
+                         help="keep K hot spares started (torch imported, waiting in hvd.init()) on slots beyond "
+                              "--max-np, so that a lost worker is replaced without a cold start (default 0)")
     parser.add_argument("--output-filename", help="also write each rank's output to DIR/rank.N/stdout and stderr")
     containers = parser.add_argument_group("containers (each rank in `docker run` on its host)")
     containers.add_argument("--image", help="run every rank in a container of this image (--ipc=host, "
@@ -177,7 +186,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     elif args.host_discovery_script:
         hosts = []
     else:
-        hosts = [HostSlots("localhost", max(args.num_proc or (elastic.max_np if elastic else 1), 1))]
+        hosts = [HostSlots("localhost", max(args.num_proc or (elastic.max_np if elastic else 1), 1)
+                           + (elastic.spares if elastic else 0))]
     ranks_to_show = None
     if args.ranks is not None:
         try:
@@ -222,16 +232,18 @@ def _metrics_port(port: int | None) -> int | None:
 
 
 def _serve_metrics(config: RunConfig, store: AuthenticatedStore, max_ranks: int,
-                   stragglers: StragglerWatch | None = None) -> dict[str, str]:
-    """Serve the job's metrics when asked (with the straggler gauges of ``stragglers``); the variables
-    that make the ranks publish theirs."""
+                   stragglers: StragglerWatch | None = None,
+                   launcher_families: LauncherFamilies | None = None) -> dict[str, str]:
+    """Serve the job's metrics when asked (with the straggler gauges of ``stragglers`` and the families
+    of ``launcher_families``); the variables that make the ranks publish theirs."""
     if config.metrics_port is None:
         return {}
     from ..metrics.exporter import serve_job_metrics
 
     try:
         serve_job_metrics(store, config.metrics_port, max_ranks, config.metrics_address,
-                          straggler_gauges=stragglers.gauges if stragglers is not None else None)
+                          straggler_gauges=stragglers.gauges if stragglers is not None else None,
+                          launcher_families=launcher_families)
     except OSError as error:
         raise OSError(f"cannot serve metrics on {config.metrics_address}:{config.metrics_port}: "
                       f"{error.strerror}; choose another --metrics-port or --metrics-address") from None
@@ -308,8 +320,13 @@ def _elastic_settings(args: argparse.Namespace) -> ElasticSettings | None:
         raise ValueError("--reset-limit must be >= 0")
     if args.slots_per_host is not None and args.slots_per_host < 1:
         raise ValueError("--slots-per-host must be at least 1")
+    if args.spares is not None and args.spares < 0:
+        raise ValueError(f"--spares {args.spares}: must be >= 0")
+    if args.spares and max_np >= 1 << 30:
+        raise ValueError("--spares needs --max-np (or -np): spares stand by on the slots beyond --max-np, and "
+                         "without a limit every slot takes a training worker")
     return ElasticSettings(min_np=min_np, max_np=max_np, reset_limit=args.reset_limit, elastic_timeout_s=timeout,
-                           cooldown_range_s=cooldown, initial_np=args.num_proc)
+                           cooldown_range_s=cooldown, initial_np=args.num_proc, spares=args.spares or 0)
 
 
 def spawn_settings(config: RunConfig, extra_env: dict[str, str] | None = None,
@@ -389,6 +406,16 @@ def run_job(config: RunConfig, with_store: Callable[[AuthenticatedStore], None] 
 
 def run_elastic_job(config: RunConfig) -> int:
     """Run an elastic job with ``ElasticDriver``."""
+    driver, stack_dir = build_elastic_driver(config)
+    try:
+        return driver.run()
+    finally:
+        shutil.rmtree(stack_dir, ignore_errors=True)
+
+
+def build_elastic_driver(config: RunConfig) -> tuple[ElasticDriver, str]:
+    """The driver of an elastic job (its store serving, its metrics page up when asked) and the directory of
+    its stack dumps, which the caller removes after ``driver.run()`` or ``driver.close()``."""
     assert config.elastic is not None
     if config.discovery_script:
         discovery = HostDiscovery(script=config.discovery_script, slots_per_host=config.slots_per_host)
@@ -397,10 +424,11 @@ def run_elastic_job(config: RunConfig) -> int:
     remote = None if config.discovery_script else [h.hostname for h in config.hosts if not is_local_host(h.hostname)]
     server = RendezvousServer(store_bind_address(config, remote), config.port)
     stack_dir = tempfile.mkdtemp(prefix="torchring-stack-dumps-")
+    recovery = RecoveryClock()
     try:
-        spawner = Spawner(spawn_settings(config, _serve_metrics(config, server.auth,
-                                                                min(config.elastic.max_np, 4096)), stack_dir),
-                          server.port, server.credentials, log=_log,
+        metrics_env = _serve_metrics(config, server.auth, min(config.elastic.max_np + config.elastic.spares, 4096),
+                                     launcher_families=recovery.families)
+        spawner = Spawner(spawn_settings(config, metrics_env, stack_dir), server.port, server.credentials, log=_log,
                           local_store_address=_local_store_address(server.bind))
     except BaseException:
         server.close()
@@ -408,10 +436,6 @@ def run_elastic_job(config: RunConfig) -> int:
         raise
     detector = HangDetector(config.hang_timeout_s, _log, lambda: None, noun="worker")
     driver = ElasticDriver(config.elastic, discovery, spawner, server, config.ssh, config.network_interfaces,
-                           ranks_to_show=config.ranks_to_show, verbose=config.verbose, log=_log, detector=detector)
-    try:
-        return driver.run()
-    finally:
-        shutil.rmtree(stack_dir, ignore_errors=True)
-
-
+                           ranks_to_show=config.ranks_to_show, verbose=config.verbose, log=_log, detector=detector,
+                           recovery=recovery)
+    return driver, stack_dir

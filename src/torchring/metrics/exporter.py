@@ -113,14 +113,21 @@ class _LocalCollector(Collector):
         return families({self.rank: METRICS.snapshot()})
 
 
+#: Metric families the launcher computes itself (the elastic driver's recovery figures).
+LauncherFamilies = Callable[[], Iterator[Any]]
+
+
 class JobCollector(Collector):
-    """The launcher's view: the latest snapshot every rank published in the store."""
+    """The launcher's view: the latest snapshot every rank published in the store, and the launcher's own
+    families."""
 
     def __init__(self, store: AuthenticatedStore, max_ranks: int,
-                 straggler_gauges: StragglerGauges | None = None) -> None:
+                 straggler_gauges: StragglerGauges | None = None,
+                 launcher_families: LauncherFamilies | None = None) -> None:
         self.store = store
         self.max_ranks = max_ranks
         self.straggler_gauges = straggler_gauges
+        self.launcher_families = launcher_families
 
     def collect(self) -> Iterator[Any]:
         snapshots = {}
@@ -138,6 +145,8 @@ class JobCollector(Collector):
         yield from families(snapshots)
         if self.straggler_gauges is not None:
             yield from straggler_families(self.straggler_gauges())
+        if self.launcher_families is not None:
+            yield from self.launcher_families()
 
 
 def _snapshot(value: bytes) -> dict[str, Any] | None:
@@ -151,11 +160,13 @@ def _snapshot(value: bytes) -> dict[str, Any] | None:
 
 
 def serve_job_metrics(store: AuthenticatedStore, port: int, max_ranks: int, address: str = "0.0.0.0",
-                      straggler_gauges: StragglerGauges | None = None) -> None:
+                      straggler_gauges: StragglerGauges | None = None,
+                      launcher_families: LauncherFamilies | None = None) -> None:
     """On the launcher: serve the ranks' published metrics on ``address``:``port``; with
-    ``straggler_gauges`` (``StragglerWatch.gauges``), the straggler gauges too."""
+    ``straggler_gauges`` (``StragglerWatch.gauges``), the straggler gauges too, and with
+    ``launcher_families`` the families it yields."""
     registry = CollectorRegistry()
-    registry.register(JobCollector(store, max_ranks, straggler_gauges))
+    registry.register(JobCollector(store, max_ranks, straggler_gauges, launcher_families))
     start_http_server(port, addr=address, registry=registry)
 
 

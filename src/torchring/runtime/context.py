@@ -15,7 +15,13 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ..contract import DEADLOCK_KEY, elastic_generation_prefix, generation_prefix, peer_failure_key
+from ..contract import (
+    DEADLOCK_KEY,
+    elastic_first_step_key,
+    elastic_generation_prefix,
+    generation_prefix,
+    peer_failure_key,
+)
 from ..environments import (
     ClusterEnvironment,
     ElasticLauncherEnvironment,
@@ -64,6 +70,9 @@ class Runtime:
     metrics_publisher: object | None = None
     #: Writes this rank's last collectives and step times for the launcher (``TORCHRING_OPS_FILE``).
     recorder: Recorder = NULL_RECORDER
+    #: Rank 0 of an elastic generation: the key that tells the launcher its first step completed (cleared
+    #: once set); None elsewhere.
+    first_step_key: str | None = None
 
 
 _lock = threading.RLock()
@@ -245,11 +254,13 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
         environment = detect_environment()
         credentials = job_credentials()  # takes the job's secret out of the environment
         _generation += 1
+        first_step_key = None
         if isinstance(environment, ElasticLauncherEnvironment):
             # rank and size come from the elastic launcher's current generation, once all its ranks are in
             store = _open_store(environment.rendezvous(), rendezvous_timeout)
             assignment = environment.join(AuthenticatedStore(store, credentials))
             info, prefix = assignment.info, elastic_generation_prefix(assignment.generation)
+            first_step_key = elastic_first_step_key(assignment.generation) if info.rank == 0 else None
             _generation = max(_generation, assignment.generation + 1)
             rendezvous = environment.rendezvous()
         else:
@@ -297,7 +308,7 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
                              lambda: engine.timeline, recorder, report_peer_failure, engine.deadlocks)
         _runtime = Runtime(environment, topology, store, signed, control_group, table, engine, _generation,
                            dynamic_process_sets, settings, lanes, _start_metrics(signed, topology, settings),
-                           recorder)
+                           recorder, first_step_key)
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True
@@ -367,6 +378,19 @@ def stop_timeline() -> None:
     runtime = current()
     previous, runtime.engine.timeline = runtime.engine.timeline, NullTimeline()
     previous.close()
+
+
+def note_step() -> None:
+    """A training step completed (an optimizer step, an elastic ``commit()``). Rank 0 of an elastic
+    generation tells the launcher the first time, which times the job's recovery with it."""
+    runtime = _runtime
+    if runtime is None or runtime.first_step_key is None:
+        return
+    key, runtime.first_step_key = runtime.first_step_key, None
+    try:
+        runtime.signed.set(key, "1")
+    except (RuntimeError, OSError) as error:  # the launcher's store is gone: nothing to time
+        logger.debug("could not tell the launcher of the first step: %s", error)
 
 
 def current_or_none() -> Runtime | None:

@@ -13,6 +13,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..exceptions import HorovodInternalError
+from ..rank_failure import caused_by_peer
 from .deadlock import DeadlockWatch
 from .executor import DataGroups
 from .flight_recorder import NULL_RECORDER, Recorder
@@ -52,7 +54,15 @@ class LaneRegistry:
         with self._lock:
             serial = self._opened_per_set.get(process_set, 0)
             self._opened_per_set[process_set] = serial + 1
-        groups = self._open_groups(f"{self._prefix}/lane{process_set}.{serial}", process_set)
+        try:
+            groups = self._open_groups(f"{self._prefix}/lane{process_set}.{serial}", process_set)
+        except RuntimeError as error:  # torch.distributed's errors are RuntimeErrors
+            if not caused_by_peer(error):
+                raise
+            # a member lost between the lane vote and the groups' connections: recoverable like any lost
+            # peer (an elastic job rolls back and re-forms)
+            raise HorovodInternalError(f"the gradient lane's groups could not form, another rank probably stopped: "
+                                       f"{str(error).strip()[:300]}") from error
         lane = GradientLane(buckets, names, groups, settings, self._timeline, self._add_cpu_seconds, self._recorder,
                             self._report_peer_failure, self._deadlocks)
         with self._lock:

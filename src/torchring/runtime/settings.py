@@ -169,6 +169,9 @@ VARIABLES: tuple[Variable, ...] = (
     _own(contract.RESET_LIMIT, _reset_limit, None, "resets the elastic job allows (set by torchring run)"),
     _own(contract.ELASTIC_TIMEOUT, _number, 600.0,
          "seconds an elastic worker waits for a place in a new generation (set by torchring run)"),
+    _own(contract.ELASTIC_SPARE, _flag, False,
+         "this elastic worker is a hot spare: it waits in init() until the launcher gives it a place (set by "
+         "torchring run --spares)"),
     _own(contract.OPS_FILE, _text, None,
          "the flight recorder writes this rank's last collectives and step times here (set by torchring run)"),
 )
@@ -217,6 +220,7 @@ class Settings:
     elastic: bool = False
     reset_limit: int | None = None
     elastic_timeout: float = 600.0
+    elastic_spare: bool = False
     ops_file: str | None = None
 
     @classmethod

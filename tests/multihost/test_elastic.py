@@ -182,8 +182,6 @@ def test_below_min_np_the_job_waits_and_continues_when_a_host_returns(cluster, t
     pool.write_text("h1\nh3\n")
     stdout, stderr = finish(process, [], timeout=180)
     stderr = "".join(line for line in lines if line.startswith("torchring run")) + stderr
-    print("".join(line for line in lines if "socket.cpp" not in line and "progress" not in line))
-    print(stderr)
     assert process.returncode == 0, stderr[-3000:]
     assert "host h3 is listed again after discovery dropped it: off the blacklist" in stderr, stderr[-3000:]
     assert re.search(r"enough hosts again after \d+ s below --min-np 2", stderr), stderr[-3000:]

@@ -205,3 +205,20 @@ def test_sync_is_skipped_only_when_every_rank_may_skip_it(rank):
     assert _everyone_skips_sync(True) is True
     assert _everyone_skips_sync(False) is False
     assert _everyone_skips_sync(rank != 0) is False  # rank 0 must sync, so everyone does
+
+
+def test_sync_takes_the_values_of_the_lowest_rank_that_trained_before_when_rank_0_is_new(rank, size):
+    """A replacement worker that holds rank 0 must not hand its fresh values to the ranks that trained."""
+    if size < 2:
+        pytest.skip("needs a rank besides rank 0")
+    trained = hvd.elastic.ObjectState(epoch=0)
+    trained.sync()  # generation 0: everyone synced once
+    if rank == 0:  # rank 0 is a new worker now: a state that never synced, with its initial values
+        state = hvd.elastic.ObjectState(epoch=0)
+    else:
+        state, state.epoch = trained, 5 + rank
+    state.sync()
+    assert state.epoch == 6  # rank 1
+    fresh = hvd.elastic.ObjectState(epoch=rank)
+    fresh.sync()
+    assert fresh.epoch == 0  # nobody trained before: rank 0's, as Horovod does

@@ -124,3 +124,14 @@ def test_elastic_flags():
 def test_bad_elastic_flags(argv, message):
     with pytest.raises(ValueError, match=message):
         elastic_config(*argv)
+
+
+def test_rank_0_stays_with_a_worker_that_trained_before():
+    """A replacement started on the first host must not take rank 0: sync() hands rank 0's values out."""
+    previous = {"w0": 0, "w1": 1, "w2": 2}  # w0 on a died; w3 replaces it there
+    workers = [("w3", "a", 0), ("w1", "b", 0), ("w2", "c", 0)]
+    assignments = assign_generation(workers, ["a", "b", "c"], previous)
+    by_rank = [wid for wid, info in sorted(assignments.items(), key=lambda item: item[1].rank)]
+    assert by_rank == ["w1", "w3", "w2"]  # w1's host first, then discovery order
+    two_slots = assign_generation([("w3", "a", 0), ("w0", "a", 1)], ["a"], {"w0": 0})
+    assert two_slots["w0"].rank == 0 and two_slots["w0"].local_rank == 0 and two_slots["w3"].rank == 1

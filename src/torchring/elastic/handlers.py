@@ -28,9 +28,9 @@ class StateHandler:
         """Go back to the committed value."""
         self.value = copy.deepcopy(self.saved)
 
-    def sync(self) -> None:
-        """Make every rank's value equal to rank 0's."""
-        self.value = broadcast_object(self.value, root_rank=0, name=f"elastic.{self.name}")
+    def sync(self, root_rank: int = 0) -> None:
+        """Make every rank's value equal to ``root_rank``'s."""
+        self.value = broadcast_object(self.value, root_rank=root_rank, name=f"elastic.{self.name}")
 
     def snapshot(self) -> Any:
         """The committed value, as written to a checkpoint (may run collectives; every rank calls it)."""
@@ -56,26 +56,26 @@ class StateDictHandler(StateHandler):
 class ModuleHandler(StateDictHandler):
     """A ``torch.nn.Module``: parameters and buffers are broadcast from rank 0."""
 
-    def sync(self) -> None:
-        broadcast_parameters(self.value.state_dict(), root_rank=0)
+    def sync(self, root_rank: int = 0) -> None:
+        broadcast_parameters(self.value.state_dict(), root_rank=root_rank)
 
 
 class OptimizerHandler(StateDictHandler):
     """A ``torch.optim.Optimizer`` (or torchring's DistributedOptimizer): state and hyper-parameters."""
 
-    def sync(self) -> None:
-        broadcast_optimizer_state(self.value, root_rank=0)
+    def sync(self, root_rank: int = 0) -> None:
+        broadcast_optimizer_state(self.value, root_rank=root_rank)
 
 
 class SamplerHandler(StateDictHandler):
     """An ``ElasticSampler``: its progress is job wide; indices marked by any rank count for all."""
 
-    def sync(self) -> None:
+    def sync(self, root_rank: int = 0) -> None:
         state = self.value.state_dict()
         merged = _union(allgather_object(state.get("processed_indices", []), name=f"elastic.{self.name}.indices"))
         if merged:
             state["processed_indices"] = merged
-        self.value.load_state_dict(broadcast_object(state, root_rank=0, name=f"elastic.{self.name}"))
+        self.value.load_state_dict(broadcast_object(state, root_rank=root_rank, name=f"elastic.{self.name}"))
 
     def snapshot(self) -> Any:
         merged = _union(allgather_object(self.saved.get("processed_indices", []),
@@ -86,8 +86,8 @@ class SamplerHandler(StateDictHandler):
 class SchedulerHandler(StateDictHandler):
     """A learning-rate scheduler, synchronised from rank 0."""
 
-    def sync(self) -> None:
-        self.value.load_state_dict(broadcast_object(self.value.state_dict(), root_rank=0,
+    def sync(self, root_rank: int = 0) -> None:
+        self.value.load_state_dict(broadcast_object(self.value.state_dict(), root_rank=root_rank,
                                                     name=f"elastic.{self.name}"))
 
 

@@ -35,6 +35,7 @@ class State:
         object.__setattr__(self, "_checkpoint_dir", resolve_checkpoint_dir(checkpoint_dir))
         object.__setattr__(self, "_commits", 0)
         object.__setattr__(self, "_resume_checked", False)
+        object.__setattr__(self, "_synced", False)
         object.__setattr__(self, "_hosts_seen", current_hosts_version())
 
     # -- values ---------------------------------------------------------------------------------
@@ -104,6 +105,7 @@ class State:
 
     def sync(self) -> None:
         """Make every rank's values equal to rank 0's (after a reset, or at the start), and commit them.
+        Should rank 0 be new to the job while other ranks trained before, the lowest of those is taken.
 
         The first sync of a state whose checkpoint directory holds a commit resumes from it: rank 0
         loads the file and the broadcast hands it to every rank.
@@ -111,9 +113,23 @@ class State:
         if not self._resume_checked:
             object.__setattr__(self, "_resume_checked", True)
             self._resume_from_checkpoint()
+        root = self._sync_root()
         for handler in self._handlers.values():
-            handler.sync()
+            handler.sync(root)
+        object.__setattr__(self, "_synced", True)
         self.save()
+
+    def _sync_root(self) -> int:
+        """The rank whose values every rank takes: 0, unless rank 0 is new to the job (a replacement that
+        never synced) while another rank already trained; then the lowest such rank."""
+        if not basics.is_initialized() or basics.size() == 1:
+            return 0
+        from ..collectives import allreduce
+        from ..reduction import ReduceOp
+
+        mine = basics.rank() if self._synced else basics.size()
+        lowest = int(allreduce(torch.tensor([mine]), op=ReduceOp.MIN, name="elastic.sync_root").item())
+        return 0 if lowest >= basics.size() else lowest
 
     def reset(self) -> None:
         """Hook for subclasses, run before the reset callbacks."""

@@ -390,7 +390,8 @@ class ElasticDriver:
         else an exit code."""
         old_size = self._published_size
         self.generation += 1
-        assignments = assign_generation([(w.worker_id, w.host, w.slot) for w in members], self.hosts.order)
+        assignments = assign_generation([(w.worker_id, w.host, w.slot) for w in members], self.hosts.order,
+                                        self._members)
         store = self.server.auth
         for worker in members:
             info = assignments[worker.worker_id]

@@ -19,7 +19,7 @@ hosts leaving and hosts arriving ends in a generation that trains, or in a wait 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..environments.base import RankInfo
@@ -88,11 +88,26 @@ def plan_membership(workers: Sequence[WorkerView], has_generation: bool, free_sl
                 start_spares=tuple(start_spares), broken=broken)
 
 
-def assign_generation(placed_workers: Sequence[tuple[str, str, int]], host_order: Sequence[str]) -> dict[str, RankInfo]:
+def assign_generation(placed_workers: Sequence[tuple[str, str, int]], host_order: Sequence[str],
+                      previous: Mapping[str, int] | None = None) -> dict[str, RankInfo]:
     """Ranks for ``placed_workers`` (``(worker_id, host, slot)``): host by host in discovery order, then
-    by slot; local and cross ranks as Horovod defines them."""
+    by slot; local and cross ranks as Horovod defines them.
+
+    ``previous`` (worker id -> rank in the last generation) keeps the job's state where ``sync()`` takes
+    it from: the host of the lowest-ranked surviving worker comes first and, on each host, surviving
+    workers come before new ones, so rank 0 is always a worker that trained before (a replacement started
+    in rank 0's place would otherwise hand every rank its fresh, untrained state)."""
+    previous = previous or {}
     position = {host: index for index, host in enumerate(host_order)}
-    ordered = sorted(placed_workers, key=lambda w: (position.get(w[1], len(position)), w[1], w[2]))
+    survivors = sorted((previous[w[0]], w[1]) for w in placed_workers if w[0] in previous)
+    if survivors:
+        position[survivors[0][1]] = -1
+
+    def order(worker: tuple[str, str, int]) -> tuple[int, str, int, int]:
+        worker_id, host, slot = worker
+        return position.get(host, len(position)), host, previous.get(worker_id, 1 << 30), slot
+
+    ordered = sorted(placed_workers, key=order)
     local_index: dict[str, int] = {}
     placed = []
     for worker_id, host, _slot in ordered:

@@ -124,10 +124,13 @@ def pids_on_host(marker: str, host: str) -> list[int]:
 def samples_processed_twice(log: Path, epochs: int) -> dict[int, int] | str:
     """Per epoch, how many committed samples were processed more than once; a string when an epoch is
     missing samples (or missing altogether)."""
-    per_epoch = collections.defaultdict(list)
+    batches = {}
     for line in log.read_text().splitlines():
         entry = json.loads(line)
-        per_epoch[entry["epoch"]].extend(entry["indices"])
+        batches[(entry["epoch"], entry["key"])] = entry["indices"]  # every rank writes each batch
+    per_epoch = collections.defaultdict(list)
+    for (epoch, _key), indices in batches.items():
+        per_epoch[epoch].extend(indices)
     if sorted(per_epoch) != list(range(epochs)):
         return f"epochs logged: {sorted(per_epoch)}"
     repeated = {}

@@ -1,8 +1,6 @@
 """Elastic jobs on the namespace cluster: a frozen worker ended by the hang detector, a host added, too
 few hosts left, a worker that fails at start-up. A discovery script reads a file the tests edit."""
 
-import collections
-import json
 import os
 import re
 import signal
@@ -12,6 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from ..integration.elastic_jobs import samples_processed_twice
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "elastic_train.py"
@@ -70,17 +70,11 @@ def final_checksums(stdout):
 
 
 def assert_every_sample_once_per_epoch(log, max_size):
-    epochs = collections.defaultdict(list)
-    for line in log.read_text().splitlines():
-        entry = json.loads(line)
-        epochs[entry["epoch"]].extend(entry["indices"])
-    assert sorted(epochs) == list(range(EPOCHS))
-    for epoch, indices in epochs.items():
-        counts = collections.Counter(indices)
-        assert set(counts) == set(range(SAMPLES)), f"epoch {epoch} skipped {set(range(SAMPLES)) - set(counts)}"
-        repeated = sum(count - 1 for count in counts.values())
+    repeated = samples_processed_twice(log, EPOCHS)
+    assert not isinstance(repeated, str), repeated
+    for epoch, count in repeated.items():
         # only the padding a re-partition adds at the end of an epoch (at most size - 1 per partition)
-        assert repeated <= 3 * (max_size - 1), f"epoch {epoch}: {repeated} samples processed twice"
+        assert count <= 3 * (max_size - 1), f"epoch {epoch}: {count} samples processed twice"
 
 
 def assert_hosts_empty(cluster):

@@ -1,6 +1,8 @@
 """Elastic training for the multi-host tests: a small model on 240 indexed samples, a commit after
-every batch. Rank 0 appends, at each commit, every rank's samples of the batches since the previous
-commit to ``$ELASTIC_LOG`` (so rolled-back batches are never logged); at the end every rank prints a
+every batch. Every rank appends, at each commit, every rank's samples of the batches since the previous
+commit to ``$ELASTIC_LOG`` (so rolled-back batches are never logged), each batch keyed by the job-wide
+sample count it ends at (readers keep one entry per key: the same batch from every rank, so that a rank
+killed between its commit and its write loses nothing); at the end every rank prints a
 checksum of its parameters. ``FAIL_ON_HOST=hN`` makes workers on that host exit 3 before init.
 ``ELASTIC_GROW_TO=N`` holds training after the fifth batch of the first epoch (committing, so that the
 workers see host updates) until the job has N ranks, so that a host added then always joins in time."""
@@ -41,7 +43,7 @@ optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01
                                      named_parameters=model.named_parameters())
 sampler = hvd.elastic.ElasticSampler(Indexed(), shuffle=True, seed=1)
 state = hvd.elastic.TorchState(model=model, optimizer=optimizer, sampler=sampler, epoch=0)
-pending: list[list[int]] = []
+pending: list[tuple[int, list[int]]] = []
 
 
 def forget_uncommitted():
@@ -63,8 +65,8 @@ def train(state):
             loss.backward()
             optimizer.step()
             everyone = hvd.allgather_object(indices.tolist(), name="elastic.indices")
-            pending.append([index for part in everyone for index in part])
             state.sampler.record_batch(batch_idx, BATCH)
+            pending.append((state.sampler.processed_num, [index for part in everyone for index in part]))
             time.sleep(STEP_SLEEP)
             if hvd.rank() == 0:
                 print(f"progress epoch {state.epoch} batch {batch_idx} size {hvd.size()}", flush=True)
@@ -85,10 +87,10 @@ def commit_and_log(state, epoch=None):
         state.commit()
     finally:
         # saved (commit may still raise HostsUpdatedInterrupt after saving): these batches count
-        if hvd.rank() == 0 and batches:
+        if batches:
             with open(os.environ["ELASTIC_LOG"], "a") as log:
-                for batch in batches:
-                    log.write(json.dumps({"epoch": epoch, "indices": batch}) + "\n")
+                for key, batch in batches:
+                    log.write(json.dumps({"epoch": epoch, "key": key, "indices": batch}) + "\n")
         pending.clear()
 
 

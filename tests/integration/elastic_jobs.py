@@ -30,10 +30,11 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def worker_pid(marker: str, worker_id: str) -> int:
-    """The pid of elastic worker ``worker_id`` of the job marked ``marker``."""
-    wanted = {f"{MARKER_VARIABLE}={marker}".encode(), f"TORCHRING_WORKER_ID={worker_id}".encode()}
-    for entry in sorted(Path("/proc").iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else 0):
+def processes_with(marker: str, variable: str, value: str) -> list[int]:
+    """The pids, lowest first, of the job marked ``marker`` whose environment has ``variable=value``."""
+    wanted = {f"{MARKER_VARIABLE}={marker}".encode(), f"{variable}={value}".encode()}
+    found = []
+    for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
@@ -41,8 +42,16 @@ def worker_pid(marker: str, worker_id: str) -> int:
         except OSError:
             continue
         if wanted <= environ:
-            return int(entry.name)
-    raise AssertionError(f"no process of worker {worker_id}")
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def worker_pid(marker: str, worker_id: str) -> int:
+    """The pid of elastic worker ``worker_id`` of the job marked ``marker``."""
+    found = processes_with(marker, "TORCHRING_WORKER_ID", worker_id)
+    if not found:
+        raise AssertionError(f"no process of worker {worker_id}")
+    return found[0]
 
 
 class Launcher:
@@ -107,18 +116,7 @@ class Launcher:
 
 def pids_on_host(marker: str, host: str) -> list[int]:
     """The elastic workers of the job marked ``marker`` that run as host ``host``."""
-    wanted = {f"{MARKER_VARIABLE}={marker}".encode(), f"TORCHRING_HOSTNAME={host}".encode()}
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = set((entry / "environ").read_bytes().split(b"\0"))
-        except OSError:
-            continue
-        if wanted <= environ:
-            found.append(int(entry.name))
-    return found
+    return processes_with(marker, "TORCHRING_HOSTNAME", host)
 
 
 def samples_processed_twice(log: Path, epochs: int) -> dict[int, int] | str:

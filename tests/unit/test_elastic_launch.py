@@ -112,6 +112,8 @@ def test_elastic_flags():
     assert discovered.elastic.max_np >= 1 << 20 and discovered.discovery_script == "./hosts.sh"
     assert discovered.slots_per_host == 4 and discovered.hosts == []
     assert elastic_config("-np", "2").elastic is None
+    spared = elastic_config("-np", "3", "--min-np", "2", "--spares", "1")
+    assert spared.elastic.spares == 1 and spared.hosts[0].slots == 4  # the spare's slot beside -np's
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -120,6 +122,8 @@ def test_elastic_flags():
     (["--host-discovery-script", "x", "-H", "a:1", "--min-np", "1"], "exclude each other"),
     (["--min-np", "1", "--blacklist-cooldown-range", "5", "1"], "MIN <= MAX"),
     (["--host-discovery-script", "x"], "needs --min-np or -np"),
+    (["--min-np", "1", "--spares", "-1"], "--spares -1: must be >= 0"),
+    (["--min-np", "2", "--host-discovery-script", "x", "--spares", "1"], "--spares needs --max-np"),
 ])
 def test_bad_elastic_flags(argv, message):
     with pytest.raises(ValueError, match=message):

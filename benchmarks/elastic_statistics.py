@@ -1,7 +1,8 @@
 """Elastic membership and recovery as statistics: real elastic jobs (``tests/multihost/scripts/elastic_train.py``)
 many times, with the machine busy.
 
-    .venv/bin/python benchmarks/elastic_statistics.py [--runs 20] [--load 2] [--only races|recovery] [--cluster]
+    .venv/bin/python benchmarks/elastic_statistics.py [--runs 20] [--load 2] [--only races|recovery]
+        [--cluster [RUNS]] [--no-local]
 
 - ``races``: a worker killed, a host removed and another added, in a random order with random gaps of
   0..1.2 s (about one discovery interval), on this machine's loopback addresses as hosts
@@ -10,8 +11,9 @@ many times, with the machine busy.
 - ``recovery``: a worker of a 3-worker job (``--min-np 2 --max-np 3``, one free slot) SIGKILLed while it
   trains, 5 times each without and with ``--spares 1``; two figures per run: the launcher's (change
   seen -> rank 0's first step in the new generation) and the one seen from outside (the SIGKILL -> the
-  first progress line rank 0 prints in the new generation). ``--cluster`` (root, as ``tests/multihost``)
-  adds the same across three namespace hosts reached over SSH, a worker lost and a host lost.
+  first progress line rank 0 prints in the new generation). ``--cluster [RUNS]`` (root, as
+  ``tests/multihost``) adds the same across three namespace hosts reached over SSH, a worker lost and a
+  host lost, RUNS times each (default 3); ``--no-local`` leaves the local figures out.
 
 ``--load N`` keeps N processes spinning on the CPU meanwhile (default: as many as there are cores).
 """
@@ -67,10 +69,8 @@ def _one_recovery(flags: list[str], kill: Callable[[Launcher], None], env: dict[
         job.wait_for(r"membership changed")
         changed_at = job.arrived
         launcher_s = float(job.wait_for(RECOVERED).group(2))
-        while not any(at > changed_at and "progress epoch" in line
-                      for at, line in zip(job.stdout_times, job.stdout)):
+        while (first := _first_progress_after(job, changed_at)) is None:
             time.sleep(0.02)
-        first = next(at for at, line in zip(job.stdout_times, job.stdout) if at > changed_at and "progress" in line)
         code, log = job.finish(timeout=240)
         if code != 0:
             raise RuntimeError(f"the job exited with {code}:\n{log[-2000:]}")
@@ -79,6 +79,12 @@ def _one_recovery(flags: list[str], kill: Callable[[Launcher], None], env: dict[
         if job.process.poll() is None:
             job.process.kill()
             job.process.wait()
+
+
+def _first_progress_after(job: Launcher, moment: float) -> float | None:
+    """When rank 0's first progress line after ``moment`` arrived, if one did."""
+    lines = list(zip(job.stdout_times, job.stdout, strict=False))  # the reader appends both, times first
+    return next((at for at, line in lines if at > moment and "progress epoch" in line), None)
 
 
 def _kill_worker(job: Launcher) -> None:
@@ -92,13 +98,14 @@ def _report(name: str, runs: list[tuple[float, float]]) -> None:
           f"kill -> step median {statistics.median(outside):5.2f} s (max {max(outside):5.2f})", flush=True)
 
 
-def _recovery(runs: int, cluster: bool) -> None:
-    local = ["-H", "localhost:4", "--min-np", "2", "--max-np", "3"]
-    _report("local, worker lost, no spare", [_one_recovery(local, _kill_worker) for _ in range(runs)])
-    _report("local, worker lost, --spares 1",
-            [_one_recovery([*local, "--spares", "1"], _kill_worker, spare_wanted=True) for _ in range(runs)])
-    if cluster:
-        _cluster_recovery(runs)
+def _recovery(runs: int, cluster_runs: int, local: bool = True) -> None:
+    flags = ["-H", "localhost:4", "--min-np", "2", "--max-np", "3"]
+    if local:
+        _report("local, worker lost, no spare", [_one_recovery(flags, _kill_worker) for _ in range(runs)])
+        _report("local, worker lost, --spares 1",
+                [_one_recovery([*flags, "--spares", "1"], _kill_worker, spare_wanted=True) for _ in range(runs)])
+    if cluster_runs:
+        _cluster_recovery(cluster_runs)
 
 
 def _cluster_recovery(runs: int) -> None:
@@ -116,7 +123,8 @@ def _cluster_recovery(runs: int) -> None:
 
             def job_flags(hosts: str, *more: str) -> list[str]:
                 pool.write_text(hosts)
-                return ["--host-discovery-script", f"cat {pool}", "--min-np", "2", "--max-np", "3", *more]
+                return ["--host-discovery-script", f"cat {pool}", "--min-np", "2", "--max-np", "3", "-x", "ELASTIC_LOG",
+                        "-x", "ELASTIC_STEP_SLEEP", "-x", "ELASTIC_EPOCHS", *more]
 
             def kill_on(host: str) -> Callable[[Launcher], None]:
                 def kill(_job: Launcher) -> None:
@@ -147,7 +155,9 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=20, help="runs of the race scenario (recovery: 5)")
     parser.add_argument("--load", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--only", choices=["races", "recovery"])
-    parser.add_argument("--cluster", action="store_true", help="also across namespace hosts (root)")
+    parser.add_argument("--cluster", type=int, nargs="?", const=3, default=0, metavar="RUNS",
+                        help="also across namespace hosts (root), RUNS times each (default 3)")
+    parser.add_argument("--no-local", action="store_true", help="recovery: only the cross-host figures")
     args = parser.parse_args()
     load = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load)]
     wrong = 0
@@ -156,7 +166,7 @@ def main() -> int:
         if args.only in (None, "races"):
             wrong += _races(args.runs)
         if args.only in (None, "recovery"):
-            _recovery(5, args.cluster)
+            _recovery(5, args.cluster, local=not args.no_local)
     finally:
         for process in load:
             process.kill()

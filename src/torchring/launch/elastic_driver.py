@@ -138,6 +138,11 @@ class ElasticDriver:
         return [w for w in self.workers if w.alive]
 
     @property
+    def spares(self) -> list[ElasticWorker]:
+        """The hot spares running (not given a place, not being stopped)."""
+        return [w for w in self.live if w.spare and w.running]
+
+    @property
     def members(self) -> dict[str, int]:
         """The published generation's members: worker id -> rank."""
         return dict(self._members)
@@ -293,7 +298,7 @@ class ElasticDriver:
 
     def _note_recovery(self) -> None:
         """Log a recovery once the generation it waited for completed its first step."""
-        self.recovery.spares = sum(1 for w in self.live if w.spare and w.running)
+        self.recovery.spares = len(self.spares)
         line = self.recovery.poll(self.server.auth)
         if line is not None:
             self.log(f"[{time.strftime('%H:%M:%S')}] {line}")
@@ -301,7 +306,7 @@ class ElasticDriver:
     def _say_if_no_spare_fits(self, published: bool, started: int) -> None:
         """Once: ``--spares`` asked for spares that no free slot can hold."""
         spares = self.settings.spares
-        standing = sum(1 for w in self.live if w.spare and w.running)
+        standing = len(self.spares)
         if not published or not spares or self._said_no_spare_slot or standing + started >= spares:
             return
         self._said_no_spare_slot = True
@@ -380,7 +385,7 @@ class ElasticDriver:
 
     def _stop_spares(self) -> None:
         """Training is over: the spares have nothing left to replace."""
-        spares = [w for w in self.live if w.spare and not w.removed]
+        spares = self.spares
         for worker in spares:
             worker.removed = True
         self._terminate(spares)

@@ -20,7 +20,7 @@ demo: $(STAMP)
 
 # Unit+integration and multi-host tests run side by side (see tests/run_groups.py); PYTEST_ARGS reach
 # both, and PYTEST_ARGS that name test paths run just those.
-test: $(STAMP) multihost-deps
+test: lint multihost-deps
 	$(BIN)/python tests/run_groups.py $(PYTEST_ARGS)
 
 # The multi-host tests run a cluster of network namespaces with one sshd each: as root, install
@@ -44,8 +44,8 @@ gpu-check: $(STAMP)
 	$(BIN)/python -m pytest -m gpu tests/integration/test_gpu.py
 	$(BIN)/torchring run -np 1 $(BIN)/python benchmarks/gpu_check.py
 
+# ruff is pinned in the test extra; `make test` lints first.
 lint: $(STAMP)
-	$(BIN)/python -m pip install --quiet ruff
 	$(BIN)/ruff check src tests examples benchmarks
 
 clean:

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 import torchring as hvd
 from torchring.bench.models import build_model
 from torchring.contract import OPS_FILE
-from torchring.runtime import flight_recorder
+from torchring.runtime.observe import flight_recorder
 
 
 def make_step(mode: str) -> Callable[[], None]:

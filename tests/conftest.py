@@ -18,7 +18,7 @@ os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
 @pytest.fixture
 def no_job_starts(monkeypatch):
     """In-process command lines (``torchring run``, ``horovodrun``) must fail before any job starts."""
-    from torchring.launch import run_cli  # here, not at the top: the launcher is loaded only where used
+    from torchring.launch.cli import run_command as run_cli
 
     def no_job(config):
         raise AssertionError(f"a job was started: {config}")

@@ -5,7 +5,7 @@ Use it as ``import torchring as hvd``: ``hvd.init()``, ``hvd.DistributedOptimize
 
 The API is loaded on first use (``hvd.init`` loads it, and torch with it), so that the tools that need
 no torch start quickly: the rank supervisor that ``torchring run`` starts on every remote host and for
-every container rank (``python -m torchring.launch.remote_rank``) would otherwise spend about 2 s of CPU
+every container rank (``python -m torchring.launch.spawn.remote_rank``) would otherwise spend about 2 s of CPU
 importing torch before it starts its rank. ``from torchring import *`` and ``dir(torchring)`` list the
 whole API as before.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .version import __version__ as __version__
+from .version import __version__
 
 #: Where each public name lives (module of this package -> names).
 _API: dict[str, tuple[str, ...]] = {

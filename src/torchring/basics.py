@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 from .process_sets import ProcessSet, global_process_set
 from .runtime import context
-from .runtime.handles import reset_auto_names
-from .runtime.settings import Settings
+from .runtime.names import reset_auto_names
+from .settings import Settings
 
 
 def init(comm: object = None, process_sets: Sequence[ProcessSet] | str | None = None) -> None:

@@ -8,12 +8,12 @@ from collections.abc import Sequence
 
 from .bench.cli import BenchJobError, BenchUsageError, add_bench_arguments, run_bench
 from .deploy.k8s_cli import add_k8s_arguments, run_k8s
-from .diagnostics.doctor_cli import add_doctor_arguments, run_doctor
-from .diagnostics.timeline_cli import add_timeline_arguments, run_timeline
-from .launch.dump import add_dump_arguments, run_dump
+from .diagnostics.doctor.cli import add_doctor_arguments, run_doctor
+from .diagnostics.timeline.cli import add_timeline_arguments, run_timeline
+from .launch.cli.arguments import add_run_arguments
+from .launch.cli.run_command import OneLineErrorParser, run_command
 from .launch.hosts import HostSpecError
-from .launch.run import add_run_arguments
-from .launch.run_cli import OneLineErrorParser, run_command
+from .launch.watch.dump import add_dump_arguments, run_dump
 from .version import __version__
 
 

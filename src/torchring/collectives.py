@@ -13,12 +13,9 @@ from typing import Any
 
 import torch
 
+from . import autograd_functions as autograd
 from .compression import Compression, Compressor
-from .process_sets import ProcessSet, global_process_set, resolve
-from .reduction import ReduceOp, resolve_op
-from .runtime import autograd, context
-from .runtime.handles import poll, submit, synchronize
-from .runtime.ops import (
+from .operations import (
     allgather_async,
     allreduce_async,
     allreduce_async_,
@@ -28,7 +25,11 @@ from .runtime.ops import (
     reducescatter_async,
     sparse_allreduce_async,
 )
+from .process_sets import ProcessSet, global_process_set, resolve
+from .reduction import ReduceOp, resolve_op
+from .runtime import context
 from .runtime.requests import OpType, RequestMeta
+from .runtime.submit import poll, submit, synchronize
 
 __all__ = [
     "allgather", "allgather_async", "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",

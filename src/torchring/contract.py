@@ -64,7 +64,7 @@ def own_failure_key(rank: int) -> str:
     return f"torchring/own_failure/{rank}"
 
 
-#: Where the ranks' engines record that they found the job deadlocked (``runtime.deadlock``): JSON with
+#: Where the ranks' engines record that they found the job deadlocked (``runtime.coordination.deadlock``): JSON with
 #: the blamed ranks and the report, read by the launcher.
 DEADLOCK_KEY = "torchring/deadlock"
 
@@ -122,7 +122,7 @@ def elastic_generation_prefix(generation: int) -> str:
 # ---- stack sampling (the launcher's hang detector) ------------------------------------------------
 
 #: The file a local rank's Python appends its stacks to when it receives ``STACK_DUMP_SIGNAL``; read by
-#: ``torchring.launch.stack_hook.sitecustomize`` (which registers the handler) and set by the launcher.
+#: ``torchring.launch.sampling.stack_hook.sitecustomize`` (which registers the handler) and set by the launcher.
 STACK_FILE = "TORCHRING_STACK_FILE"
 #: The signal the launcher sends a rank for a stack dump (by number: ``signal.SIGUSR2`` is 12 on Linux).
 STACK_DUMP_SIGNAL_NAME = "SIGUSR2"
@@ -131,7 +131,7 @@ STACK_FILE_HEADER = "torchring-stacks pid="
 
 # ---- the flight recorder (the hang report's "last collectives", straggler detection) ---------------
 
-#: The JSON file a rank's flight recorder (``torchring.runtime.flight_recorder``) rewrites about once a
+#: The JSON file a rank's flight recorder (``torchring.runtime.observe.flight_recorder``) rewrites about once a
 #: second with its last collectives, its pending requests and its optimizer step times; set by the
 #: launcher, read by the rank at ``init()`` (and removed from its environment, so children do not inherit it).
 OPS_FILE = "TORCHRING_OPS_FILE"

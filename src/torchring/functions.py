@@ -12,7 +12,7 @@ import torch
 from .collectives import allgather, broadcast_, broadcast_async_, synchronize
 from .process_sets import ProcessSet, global_process_set, resolve
 from .runtime import context
-from .runtime.handles import auto_name
+from .runtime.names import auto_name
 
 
 def _named_tensors(params: Any) -> list[tuple[str | None, torch.Tensor]]:

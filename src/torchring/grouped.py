@@ -6,17 +6,17 @@ from collections.abc import Sequence
 
 import torch
 
+from . import autograd_functions as autograd
 from .compression import Compression, Compressor
-from .process_sets import ProcessSet, global_process_set
-from .reduction import ReduceOp, resolve_op
-from .runtime import autograd
-from .runtime.handles import synchronize
-from .runtime.ops import (
+from .operations import (
     grouped_allgather_async,
     grouped_allreduce_async,
     grouped_allreduce_async_,
     grouped_reducescatter_async,
 )
+from .process_sets import ProcessSet, global_process_set
+from .reduction import ReduceOp, resolve_op
+from .runtime.submit import synchronize
 
 __all__ = [
     "grouped_allgather", "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_",

@@ -30,9 +30,9 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any, TextIO
 
+from . import settings
 from .contract import RANK, SIZE, horovod_name
 from .metrics.counters import record_samples
-from .runtime import settings
 
 #: Environment variables holding this process's rank, in the order they are tried.
 RANK_VARIABLES = (RANK, horovod_name(RANK), "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
@@ -48,7 +48,7 @@ _clock = time.monotonic  # replaced by tests that need a controlled clock
 
 def _initialised_basics() -> Any | None:
     """The ``torchring.basics`` module when ``init()`` has run, else None."""
-    from . import basics  # deferred: this module is imported while the package is being set up
+    from . import basics
 
     return basics if basics.is_initialized() else None
 

@@ -20,19 +20,20 @@ from typing import Any
 
 import torch
 
+from . import settings
 from .collectives import allreduce, allreduce_async_, sparse_allreduce_async
 from .collectives import synchronize as wait_handle
 from .compression import Compression, Compressor
 from .metrics.counters import METRICS
+from .optim.bucket_reducers import BucketReducer, EngineBucketReducer, ReductionSpec
 from .process_sets import ProcessSet, global_process_set
 from .reduction import Average, ReduceOp, resolve_op
-from .runtime import context, settings
-from .runtime.allreduce import Scaling
-from .runtime.bucket_reducers import BucketReducer, EngineBucketReducer, ReductionSpec
-from .runtime.gradient_buckets import Bucket, plan_buckets
-from .runtime.gradient_lane import GradientLane, LaneSettings
-from .runtime.handles import submission_batch
-from .runtime.lanes import LaneRegistry
+from .runtime import context
+from .runtime.dataplane.buckets import Bucket, plan_buckets
+from .runtime.dataplane.lane import GradientLane, LaneSettings
+from .runtime.dataplane.lane_registry import LaneRegistry
+from .runtime.dataplane.reduce import Scaling
+from .runtime.submit import submission_batch
 
 _Param = torch.nn.Parameter
 #: Marks a gradient that is reduced as part of its bucket's flat allreduce.
@@ -133,7 +134,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._buckets = plan_buckets([p for p in self._params if p not in self._group_of], cap_bytes)
         self._bucket_of = {p: bucket for bucket in self._buckets for p in bucket.params}
         self._engine_reducer = EngineBucketReducer(self._spec, self._engine_name)
-        #: The bucket lane once every rank has agreed to it (see ``runtime.gradient_lane``); None before.
+        #: The bucket lane once every rank has agreed to it (see ``runtime.dataplane.lane``); None before.
         self._lane: GradientLane | None = None
         #: The registry of the initialisation the lane was opened in (a re-initialisation has another).
         self._lane_registry: LaneRegistry | None = None

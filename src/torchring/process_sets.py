@@ -64,8 +64,8 @@ def resolve(process_set: ProcessSet | None) -> int:
 
 def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     """Register a new process set; every rank must call this, in the same order (dynamic sets only)."""
-    from .runtime.handles import submit, synchronize
     from .runtime.requests import OpType, RequestMeta
+    from .runtime.submit import submit, synchronize
 
     runtime = context.current()
     if not runtime.dynamic_process_sets:
@@ -90,8 +90,8 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
 
 def remove_process_set(process_set: ProcessSet) -> bool:
     """Unregister ``process_set`` on every rank (all must call); False for the global set or an unknown one."""
-    from .runtime.handles import submit, synchronize
     from .runtime.requests import OpType, RequestMeta
+    from .runtime.submit import submit, synchronize
 
     runtime = context.current()
     if not runtime.dynamic_process_sets:

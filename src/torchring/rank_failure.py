@@ -12,7 +12,7 @@ Two records, both signed with the job's secret (``store_auth``) in the rendezvou
   error happens; the excepthook writes it for an uncaught error of that kind (a plain DDP rank's
   Gloo error), with the error's first line.
 
-The hook is installed by the stack hook (``launch/stack_hook/sitecustomize.py``) in the first Python
+The hook is installed by the stack hook (``launch/sampling/stack_hook/sitecustomize.py``) in the first Python
 process of every rank ``torchring run`` starts locally or over SSH, so plain DDP ranks that never
 import torchring record too, and by ``init()`` under ``torchring run`` (ranks in containers). It
 imports nothing heavy until an exception reaches it; it finds the store through torchring's runtime

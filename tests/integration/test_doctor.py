@@ -13,16 +13,16 @@ import time
 
 import pytest
 
-from torchring.diagnostics import doctor_cli
-from torchring.diagnostics.doctor import ALL_HOSTS, collect
-from torchring.launch.ssh import SshOptions
+from torchring.diagnostics.doctor import cli as doctor_cli
+from torchring.diagnostics.doctor.checks import ALL_HOSTS, collect
+from torchring.launch.spawn.ssh import SshOptions
 from torchring.version import __version__
 
 NOBODY = "10.255.255.1"  # an address nobody answers: SSH times out
 
 
 def doctor(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "torchring.diagnostics.doctor_cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "torchring.diagnostics.doctor.cli", *args], capture_output=True,
                           text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 

@@ -23,7 +23,8 @@ import time
 import pytest
 
 from torchring.contract import elastic_arrived_key, elastic_first_step_key, elastic_standby_key
-from torchring.launch.run import add_run_arguments, build_elastic_driver, config_from_args
+from torchring.launch.cli.arguments import add_run_arguments, config_from_args
+from torchring.launch.job import build_elastic_driver
 
 HOSTS = [f"127.0.0.{number}" for number in range(2, 9)]
 

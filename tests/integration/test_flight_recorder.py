@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from torchring.launch.ops_report import format_ops, read_ops_file
+from torchring.launch.sampling.flight_report import format_ops, read_ops_file
 
 from .jobs import python_script, start_job
 

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 import torchring
 from torchring.contract import FUNCTION_KEY, JOB_SECRET, RANK, SIZE, STORE_ADDR, STORE_PORT
-from torchring.launch.function import FunctionJobError
+from torchring.launch.function_job import FunctionJobError
 from torchring.launch.rendezvous import RendezvousServer
 
 from .jobs import ROOT, python_script, run_job
@@ -34,7 +34,7 @@ def test_a_forged_function_payload_is_never_unpickled(tmp_path):
     server.store.set(FUNCTION_KEY, pickle.dumps(CreatesFile(str(marker))))  # unsigned, as an attacker writes it
     env = {**os.environ, RANK: "0", SIZE: "1", STORE_ADDR: "127.0.0.1", STORE_PORT: str(server.port),
            **server.credentials.environment()}
-    rank = subprocess.run([sys.executable, "-m", "torchring.launch.run_function"], cwd=ROOT, env=env,
+    rank = subprocess.run([sys.executable, "-m", "torchring.launch.function_rank"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)
     assert rank.returncode == 1
     assert "not signed with the job's secret" in rank.stderr and "was not unpickled" in rank.stderr

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from torchring.diagnostics.timeline_cli import main
+from torchring.diagnostics.timeline.cli import main
 
 from .jobs import ROOT
 
@@ -54,7 +54,7 @@ def trace(tmp_path_factory) -> Path:
 
 
 def summarize_command(*args: str) -> subprocess.CompletedProcess:
-    result = _run([sys.executable, "-m", "torchring.diagnostics.timeline_cli", "summarize", *args], timeout=120)
+    result = _run([sys.executable, "-m", "torchring.diagnostics.timeline.cli", "summarize", *args], timeout=120)
     assert result.returncode == 0, result.stderr
     return result
 

@@ -200,7 +200,7 @@ def test_run_resets_on_host_update_and_rolls_back_on_failure(rank, size, monkeyp
 
 
 def test_sync_is_skipped_only_when_every_rank_may_skip_it(rank):
-    from torchring.elastic.runner import _everyone_skips_sync
+    from torchring.elastic.reset_loop import _everyone_skips_sync
 
     assert _everyone_skips_sync(True) is True
     assert _everyone_skips_sync(False) is False

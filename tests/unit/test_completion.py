@@ -7,8 +7,8 @@ import time
 
 import torch
 
-from torchring.runtime.completion import Completer, Launched
-from torchring.runtime.executor import FusionBufferPool
+from torchring.runtime.dataplane.completion import Completer, Launched
+from torchring.runtime.dataplane.executor import FusionBufferPool
 
 
 class SlowWork:

@@ -4,8 +4,8 @@ import argparse
 
 import pytest
 
-from torchring.launch.config_file import ConfigFileError, apply_config_file, config_file_argument, load_config_file
-from torchring.launch.run import add_run_arguments, config_from_args
+from torchring.launch.cli.arguments import add_run_arguments, config_from_args
+from torchring.launch.cli.config_file import ConfigFileError, apply_config_file, config_file_argument, load_config_file
 
 
 def parser():

@@ -1,10 +1,10 @@
-"""``docker run`` command lines for ranks in containers (torchring.launch.containers): no Docker needed."""
+"""``docker run`` command lines for ranks in containers (torchring.launch.spawn.containers): no Docker needed."""
 
 import json
 
 import pytest
 
-from torchring.launch.containers import (
+from torchring.launch.spawn.containers import (
     CONTAINER_NAME_RE,
     ContainerOptions,
     container_name,

@@ -3,8 +3,8 @@ complete, rank 0 calls it after the confirmation time, with a diff of where each
 
 import time
 
-from torchring.runtime.deadlock import DeadlockWatch, call_site
-from torchring.runtime.negotiation import Negotiator
+from torchring.runtime.coordination.deadlock import DeadlockWatch, call_site
+from torchring.runtime.coordination.negotiation import Negotiator
 from torchring.runtime.requests import OpType, RequestMeta
 
 
@@ -98,7 +98,7 @@ def test_a_blocked_thread_is_announced_until_its_wait_ends():
 
 
 def test_a_rank_waiting_in_its_gradient_lane_beside_a_rank_stuck_in_negotiation_is_a_deadlock():
-    from torchring.runtime.deadlock import LANE_SET
+    from torchring.runtime.coordination.deadlock import LANE_SET
 
     table = _table(2)
     watch = DeadlockWatch(table, 0.05, decides=True)

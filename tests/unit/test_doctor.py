@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from torchring.diagnostics import doctor_probe
-from torchring.diagnostics.doctor import (
+from torchring.diagnostics.doctor import probe as doctor_probe
+from torchring.diagnostics.doctor.checks import (
     ALL_HOSTS,
     NO_GPU_DETAIL,
     SHM_FIX,
@@ -19,7 +19,7 @@ from torchring.diagnostics.doctor import (
     derive_checks,
     exit_code,
 )
-from torchring.diagnostics.doctor_render import render_json, render_markdown, render_text
+from torchring.diagnostics.doctor.render import render_json, render_markdown, render_text
 
 GIB = 1024**3
 CHECK_KEYS = {"host", "name", "ok", "blocking", "detail", "fix"}

@@ -7,12 +7,13 @@ import subprocess
 import pytest
 
 from torchring.environments.elastic import format_assignment, parse_assignment
-from torchring.launch.discovery import Blacklist, HostDiscovery, parse_discovery_output
-from torchring.launch.elastic_plan import assign_generation
-from torchring.launch.elastic_worker import ElasticWorker
-from torchring.launch.failure_policy import FailurePolicy
+from torchring.launch.cli.arguments import add_run_arguments, config_from_args
+from torchring.launch.elastic.discovery import Blacklist, HostDiscovery, parse_discovery_output
+from torchring.launch.elastic.failure_policy import FailurePolicy
+from torchring.launch.elastic.plan import assign_generation
 from torchring.launch.hosts import HostSpecError
-from torchring.launch.run import add_run_arguments, config_from_args
+from torchring.launch.spawn.rank_env import Placement
+from torchring.launch.spawn.worker import ProcessName, Worker
 
 
 def test_discovery_output_with_and_without_slots():
@@ -45,7 +46,8 @@ def test_blacklist_for_good_and_with_cooldown():
 
 
 def worker(worker_id, host, slot):
-    return ElasticWorker(worker_id, host, slot, process=subprocess.Popen(["true"]), relays=(None, None), remote=True)
+    return Worker(ProcessName("worker", int(worker_id.removeprefix("w"))), host, Placement.SSH,
+                  process=subprocess.Popen(["true"]), relays=(None, None), slot=slot)
 
 
 def test_a_failed_worker_whose_host_answers_is_replaced_until_failures_repeat_within_the_window():
@@ -80,8 +82,8 @@ def test_a_worker_is_unreachable_when_its_ssh_client_exits_with_255_or_its_link_
     assert remote.unreachable() == "lost its SSH connection (ssh exited with 255)"
     remote.returncode = 128 + 9  # killed by SIGKILL, its remote supervisor said so: the host answers
     assert remote.unreachable() is None
-    local = ElasticWorker("w1", "localhost", 0, process=subprocess.Popen(["true"]), relays=(None, None), remote=False,
-                          returncode=255)
+    local = Worker(ProcessName("worker", 1), "localhost", Placement.LOCAL, process=subprocess.Popen(["true"]),
+                   relays=(None, None), returncode=255)
     assert local.unreachable() is None
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from torchring.contract import elastic_first_step_key
-from torchring.launch.discovery import Blacklist, HostDiscovery
-from torchring.launch.elastic_hosts import HostPool
-from torchring.launch.elastic_plan import WorkerView, plan_membership
-from torchring.launch.elastic_recovery import QUIET_WINDOW_S, RecoveryClock
+from torchring.launch.elastic.discovery import Blacklist, HostDiscovery
+from torchring.launch.elastic.host_pool import HostPool
+from torchring.launch.elastic.plan import WorkerView, plan_membership
+from torchring.launch.elastic.recovery import QUIET_WINDOW_S, RecoveryClock
 
 
 class Store:

@@ -4,7 +4,9 @@ hints for errors it recognises."""
 import io
 from types import SimpleNamespace
 
-from torchring.launch.supervisor import Failure, Supervisor, Worker, report_failure
+from torchring.launch.spawn.rank_env import Placement
+from torchring.launch.spawn.worker import ProcessName, Worker
+from torchring.launch.supervisor import Failure, Supervisor, report_failure
 
 TRACEBACK = ["Traceback (most recent call last):", '  File "train.py", line 1, in <module>',
              "    import horovod.torch as hvd", "ModuleNotFoundError: No module named 'horovod'"]
@@ -13,7 +15,7 @@ TRACEBACK = ["Traceback (most recent call last):", '  File "train.py", line 1, i
 def _worker(rank, tail=(), shown=True, returncode=1):
     process = SimpleNamespace(poll=lambda: returncode, returncode=returncode, pid=100 + rank)
     relay = SimpleNamespace(tail=list(tail), show=shown)
-    return Worker(rank, "localhost", process, (relay, relay))
+    return Worker(ProcessName("rank", rank), "localhost", Placement.LOCAL, process, (relay, relay))
 
 
 def _summary(failure, workers):

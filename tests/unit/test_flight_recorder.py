@@ -15,12 +15,12 @@ import torch
 
 import torchring as hvd
 from torchring.contract import OPS_FILE
-from torchring.launch.ops_report import format_ops, read_ops_file
-from torchring.runtime import flight_recorder
-from torchring.runtime.flight_recorder import NULL_RECORDER, FlightRecorder, open_recorder
-from torchring.runtime.negotiation import Negotiator
+from torchring.launch.sampling.flight_report import format_ops, read_ops_file
+from torchring.runtime.coordination.negotiation import Negotiator
+from torchring.runtime.coordination.stall_inspector import StallInspector
+from torchring.runtime.observe import flight_recorder
+from torchring.runtime.observe.flight_recorder import NULL_RECORDER, FlightRecorder, open_recorder
 from torchring.runtime.requests import OpType, Request, RequestMeta
-from torchring.runtime.stall_inspector import StallInspector
 
 
 def request(name: str, op: OpType = OpType.ALLREDUCE) -> Request:

@@ -1,8 +1,8 @@
 """The fusion plan: which negotiated allreduces share one buffer."""
 
 from torchring.reduction import ReduceOp
-from torchring.runtime.fusion import BatchPlanner, plan_batches
-from torchring.runtime.negotiation import Response
+from torchring.runtime.coordination.fusion import BatchPlanner, plan_batches
+from torchring.runtime.coordination.negotiation import Response
 from torchring.runtime.requests import OpType, RequestMeta
 
 

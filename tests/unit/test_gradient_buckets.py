@@ -2,7 +2,7 @@
 
 import torch
 
-from torchring.runtime.gradient_buckets import FIRST_BUCKET_BYTES, Bucket, pack_bucket, plan_buckets, unpack_bucket
+from torchring.runtime.dataplane.buckets import FIRST_BUCKET_BYTES, Bucket, pack_bucket, plan_buckets, unpack_bucket
 
 
 def shapes(buckets):

@@ -11,8 +11,8 @@ import threading
 from pathlib import Path
 
 from torchring.contract import STACK_FILE
-from torchring.launch.hang_detector import HangDetector
-from torchring.launch.stack_probe import STACK_HOOK_PATH, StackProbe, prepare_stack_files, probe_all
+from torchring.launch.sampling.stack_probe import STACK_HOOK_PATH, StackProbe, prepare_stack_files, probe_all
+from torchring.launch.watch.hang_detector import HangDetector
 
 #: "ready" and the sleep on one line, so a dump taken as soon as "ready" arrives shows that line.
 SLEEPER = "import time\nprint('ready', flush=True); time.sleep(60)\n"
@@ -132,7 +132,7 @@ def test_the_next_sample_comes_at_the_deadline_when_that_is_sooner_than_an_inter
     import subprocess as sp
     import time as clock
 
-    from torchring.launch.hang_detector import HangDetector
+    from torchring.launch.watch.hang_detector import HangDetector
 
     detector = HangDetector(20.0, log=lambda line: None, on_hang=lambda: None)
     assert detector.interval_s == 2.0

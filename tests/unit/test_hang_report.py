@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from torchring.contract import STACK_FILE, STACK_FILE_HEADER
-from torchring.launch.hang_detector import sampling_interval
-from torchring.launch.hang_report import (
+from torchring.launch.spawn.spawner import STACK_HOOK_PATH
+from torchring.launch.watch.hang_detector import sampling_interval
+from torchring.launch.watch.hang_report import (
     RankSample,
     blame,
     format_report,
@@ -27,7 +28,6 @@ from torchring.launch.hang_report import (
     parse_dump,
     waiting_in_collective,
 )
-from torchring.launch.spawner import STACK_HOOK_PATH
 
 DATA = Path(__file__).resolve().parent / "data"
 DDP_WAITING = (DATA / "stacks_ddp_waiting_in_all_reduce.txt").read_text()
@@ -125,20 +125,20 @@ def test_unknown_lines_are_skipped_and_the_interval_is_a_clamped_tenth():
 
 
 def _thread(ident, *frames):
-    from torchring.launch.hang_report import Frame, ThreadStack
+    from torchring.launch.watch.hang_report import Frame, ThreadStack
 
     return ThreadStack(ident, False, tuple(Frame(f, line, fn) for f, line, fn in frames))
 
 
 def test_a_wait_loop_inside_torchring_is_not_progress_but_the_scripts_own_frames_are():
-    from torchring.launch.hang_report import progress_signature
+    from torchring.launch.watch.hang_report import progress_signature
 
     site = "/venv/lib/python3.12/site-packages"
     user = ("/job/train.py", 30, "<module>")
 
     def rank(wait_line, engine_line, user_frame=user):
         main = _thread("0x1", (f"{site}/torchring/runtime/requests.py", wait_line, "wait_done"),
-                       (f"{site}/torchring/runtime/handles.py", 231, "synchronize"), user_frame)
+                       (f"{site}/torchring/runtime/submit.py", 231, "synchronize"), user_frame)
         engine = _thread("0x2", ("/usr/lib/python3.12/threading.py", 355, "wait"),
                          (f"{site}/torchring/runtime/engine.py", engine_line, "_wait_for_cycle"),
                          ("/usr/lib/python3.12/threading.py", 1012, "run"))
@@ -153,7 +153,7 @@ def test_a_wait_loop_inside_torchring_is_not_progress_but_the_scripts_own_frames
 
 
 def test_the_summary_says_divergence_when_every_rank_waits_in_a_different_collective():
-    from torchring.launch.hang_report import Frame, ThreadStack, hang_reason
+    from torchring.launch.watch.hang_report import Frame, ThreadStack, hang_reason
 
     def waiting(rank, line, function):
         frames = (Frame("/venv/lib/python3.12/site-packages/torch/distributed/distributed_c10d.py", 2500, function),

@@ -4,7 +4,8 @@ command-line errors are one line; checked in-process (no job starts)."""
 import pytest
 
 from torchring import cli
-from torchring.launch import horovodrun, run_cli
+from torchring.launch.cli import horovodrun
+from torchring.launch.cli import run_command as run_cli
 
 
 def test_help_says_it_is_torchrings_horovodrun(capsys):

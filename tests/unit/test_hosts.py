@@ -2,14 +2,7 @@
 
 import pytest
 
-from torchring.launch.hosts import (
-    HostSlots,
-    HostSpecError,
-    assign_ranks,
-    is_local_host,
-    parse_hostfile,
-    parse_hosts,
-)
+from torchring.launch.hosts import HostSlots, HostSpecError, assign_ranks, is_local_host, parse_hostfile, parse_hosts
 
 
 def test_parse_hosts_with_and_without_slots():

@@ -13,7 +13,7 @@ INIT = Path(torchring.__file__)
 
 
 def test_the_launchers_supervisor_and_the_package_load_without_torch():
-    code = ("import sys, torchring, torchring.launch.remote_rank, torchring.launch.containers; "
+    code = ("import sys, torchring, torchring.launch.spawn.remote_rank, torchring.launch.spawn.containers; "
             "print('torch' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and result.stdout.strip() == "False", result.stdout + result.stderr

@@ -1,7 +1,7 @@
 """The negotiation table and the cross-rank checks, without any process group."""
 
 from torchring.reduction import ReduceOp
-from torchring.runtime.negotiation import Negotiator, check_consistency
+from torchring.runtime.coordination.negotiation import Negotiator, check_consistency
 from torchring.runtime.requests import OpType, RequestMeta
 
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from torchring.launch.ops_report import MAX_OPS_FILE_BYTES, format_ops, read_ops_file
+from torchring.launch.sampling.flight_report import MAX_OPS_FILE_BYTES, format_ops, read_ops_file
 
 NOW = 1_000_000.0
 
@@ -88,7 +88,7 @@ def test_read_ops_file_refuses_an_oversized_file(tmp_path):
 
 
 def test_progress_is_new_collectives_submissions_or_steps_not_a_rewrite_or_new_missing_ranks():
-    from torchring.launch.ops_report import progress_mark
+    from torchring.launch.sampling.flight_report import progress_mark
 
     base = {"version": 1, "written_at": 10.0, "recent": [{"op": "allreduce", "name": "a", "started_at": 1.0,
                                                           "ended_at": 2.0}],

@@ -9,9 +9,9 @@ import subprocess
 import sys
 import time
 
-from torchring.launch.ssh import HostReport, SshOptions, preflight_problems, ssh_argv
-from torchring.launch.supervisor import describe_returncode
-from torchring.launch.worker_env import forwarded_environment
+from torchring.launch.spawn.rank_env import forwarded_environment
+from torchring.launch.spawn.ssh import HostReport, SshOptions, preflight_problems, ssh_argv
+from torchring.launch.spawn.worker import describe_returncode
 
 AWKWARD = ["a b", "it's", 'say "hi"', "$HOME", "x; rm -rf /", "`id`", "back\\slash", "tab\tand\nnewline", ""]
 
@@ -83,7 +83,7 @@ def test_remote_exit_codes_are_described_as_signals_or_lost_connections():
 
 
 def _start_remote_rank(command, env=None, cwd=None):
-    process = subprocess.Popen([sys.executable, "-m", "torchring.launch.remote_rank"], stdin=subprocess.PIPE,
+    process = subprocess.Popen([sys.executable, "-m", "torchring.launch.spawn.remote_rank"], stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     spec = {"command": command, "env": {**os.environ, **(env or {})}, "cwd": cwd or os.getcwd()}
     process.stdin.write((json.dumps(spec) + "\n").encode())

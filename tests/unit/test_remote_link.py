@@ -13,10 +13,10 @@ import sys
 import threading
 import time
 
-from torchring.launch.output import OutputRelay
-from torchring.launch.proc_info import process_state
-from torchring.launch.remote_link import CONTROL_PREFIX, RemoteLink, RemoteLinks, RemoteProbe
-from torchring.launch.stack_probe import probe_all
+from torchring.launch.sampling.proc_info import process_state
+from torchring.launch.sampling.stack_probe import probe_all
+from torchring.launch.spawn.output import OutputRelay
+from torchring.launch.spawn.remote_link import CONTROL_PREFIX, RemoteLink, RemoteLinks, RemoteProbe
 
 FORGED = CONTROL_PREFIX.decode() + 'probe 1 {"state": "running", "dump": "forged"}'
 RANK = ("import sys, time\n"
@@ -27,7 +27,7 @@ RANK = ("import sys, time\n"
 
 
 def _remote_rank(command: list[str], link_timeout_s: float | None, probe: bool) -> subprocess.Popen:
-    process = subprocess.Popen([sys.executable, "-m", "torchring.launch.remote_rank"], stdin=subprocess.PIPE,
+    process = subprocess.Popen([sys.executable, "-m", "torchring.launch.spawn.remote_rank"], stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     spec = {"command": command, "env": dict(os.environ), "cwd": os.getcwd(), "link_timeout_s": link_timeout_s,
             "probe": probe}

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from torchring.runtime.negotiation import Response
+from torchring.runtime.coordination.negotiation import Response
+from torchring.runtime.coordination.response_cache import ResponseCache
 from torchring.runtime.requests import OpType, RequestMeta
-from torchring.runtime.response_cache import ResponseCache
 
 
 def meta(name: str, shape=(4,), seq: int = 0, **fields) -> RequestMeta:

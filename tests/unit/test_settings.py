@@ -11,8 +11,8 @@ import pytest
 
 import torchring as hvd
 from torchring import logging_utils
-from torchring.launch.tuning import add_tuning_arguments, tuning_environment
-from torchring.runtime.settings import VARIABLES, Settings, read
+from torchring.launch.cli.tuning import add_tuning_arguments, tuning_environment
+from torchring.settings import VARIABLES, Settings, read
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 

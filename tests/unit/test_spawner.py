@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from torchring.launch.containers import ContainerOptions
-from torchring.launch.spawner import ProcessName, Spawner, SpawnSettings
-from torchring.launch.ssh import SshOptions
-from torchring.launch.worker_env import EnvironmentPlan
+from torchring.launch.spawn.containers import ContainerOptions
+from torchring.launch.spawn.rank_env import EnvironmentPlan
+from torchring.launch.spawn.spawner import ProcessName, Spawner, SpawnSettings
+from torchring.launch.spawn.ssh import SshOptions
 from torchring.store_auth import JobCredentials
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "integration" / "scripts"
@@ -85,7 +85,7 @@ def test_a_worker_in_a_container_runs_under_docker_and_is_stopped(tmp_path, monk
 
 def test_a_rank_gets_the_variables_torchs_env_rendezvous_reads_from_an_agent_store():
     from torchring.launch.hosts import SlotAssignment
-    from torchring.launch.worker_env import topology_variables
+    from torchring.launch.spawn.rank_env import topology_variables
 
     variables = topology_variables(SlotAssignment(1, 2, 1, 2, 0, 1, "localhost", 0, 1))
     assert variables["RANK"] == "1" and variables["WORLD_SIZE"] == "2" and variables["LOCAL_RANK"] == "1"

@@ -12,8 +12,8 @@ import torch.distributed as dist
 from prometheus_client.parser import text_string_to_metric_families
 
 from torchring.contract import JOB_ID, JOB_SECRET, metrics_snapshot_key
-from torchring.launch.containers import ContainerOptions, docker_run_argv
 from torchring.launch.rendezvous import RendezvousServer
+from torchring.launch.spawn.containers import ContainerOptions, docker_run_argv
 from torchring.metrics.counters import METRICS
 from torchring.metrics.exporter import serve_job_metrics
 from torchring.store_auth import TAG_BYTES, JobCredentials, read_credentials, sign, verify

@@ -7,7 +7,7 @@ import random
 import torch.distributed as dist
 from prometheus_client import CollectorRegistry, generate_latest
 
-from torchring.launch.stragglers import StragglerWatch, parse_steps
+from torchring.launch.watch.stragglers import StragglerWatch, parse_steps
 from torchring.metrics.exporter import JobCollector, straggler_families
 from torchring.store_auth import AuthenticatedStore, JobCredentials
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from torchring.runtime import timeline as timeline_module
-from torchring.runtime.timeline import NullTimeline, TimelineWriter
+from torchring.runtime.observe import timeline as timeline_module
+from torchring.runtime.observe.timeline import NullTimeline, TimelineWriter
 
 
 def load(path: Path) -> list[dict]:

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from torchring.diagnostics.timeline_cli import main
-from torchring.diagnostics.timeline_report import format_summary, plot, summary_to_dict
-from torchring.diagnostics.timeline_summary import load_trace, summarize
+from torchring.diagnostics.timeline.cli import main
+from torchring.diagnostics.timeline.report import format_summary, plot, summary_to_dict
+from torchring.diagnostics.timeline.summary import load_trace, summarize
 
 # ---- building traces ------------------------------------------------------------------------------
 

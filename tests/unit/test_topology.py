@@ -1,6 +1,6 @@
 """Local and cross ranks derived from host names when the environment does not give them."""
 
-from torchring.runtime.topology import derive_topology
+from torchring.runtime.coordination.topology import derive_topology
 
 
 def test_derived_from_host_names():

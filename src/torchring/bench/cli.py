@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..launch.hosts import HostSlots, HostSpecError, assign_ranks, is_local_host, parse_hostfile, parse_hosts
-from ..launch.run import RunConfig, run_job
+from ..launch.job import RunConfig, run_job
 from . import report
 from .models import MODELS
 from .options import FRAMEWORKS, CollectivesOptions, Options, TrainOptions, encode

@@ -21,8 +21,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import torchring
-from torchring.runtime import context
 
+from ..runtime import context
 from .horovod_peer import everyone_agrees, load_horovod
 from .models import NUM_CLASSES, build_model, input_shape
 from .options import TrainOptions

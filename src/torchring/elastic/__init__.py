@@ -13,7 +13,7 @@ keeps training through membership changes, and a sampler that re-shards unproces
 """
 
 from ..exceptions import HorovodInternalError, HostsUpdatedInterrupt
-from .runner import ResetLimitExceeded, run
+from .reset_loop import ResetLimitExceeded, run
 from .sampler import ElasticSampler
 from .state import ObjectState, State, TorchState
 

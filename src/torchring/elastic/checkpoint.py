@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..runtime import settings
+from .. import settings
 
 #: The file name inside the checkpoint directory.
 CHECKPOINT_FILE = "torchring-elastic-state.pt"

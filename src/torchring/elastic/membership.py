@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import settings
 from ..contract import HOSTS_VERSION_KEY
-from ..runtime import context, settings
+from ..runtime import context
 
 
 @dataclass(frozen=True)

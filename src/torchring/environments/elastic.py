@@ -20,6 +20,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .. import settings
 from ..contract import (
     ELASTIC,
     ELASTIC_GENERATION_KEY,
@@ -28,7 +29,6 @@ from ..contract import (
     elastic_assignment_key,
     elastic_standby_key,
 )
-from ..runtime import settings
 from ..store_auth import AuthenticatedStore
 from .base import ClusterEnvironment, LaunchEnvironmentError, RankInfo, Rendezvous
 

@@ -4,17 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..contract import (
-    CROSS_RANK,
-    CROSS_SIZE,
-    HOSTNAME,
-    LOCAL_RANK,
-    LOCAL_SIZE,
-    RANK,
-    SIZE,
-    STORE_SERVED,
-    horovod_name,
-)
+from ..contract import CROSS_RANK, CROSS_SIZE, HOSTNAME, LOCAL_RANK, LOCAL_SIZE, RANK, SIZE, STORE_SERVED, horovod_name
 from .base import ClusterEnvironment, RankInfo, Rendezvous
 
 

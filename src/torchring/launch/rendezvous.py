@@ -111,7 +111,7 @@ class RendezvousServer:
         return None if value is None else parse_own_failure(value)
 
     def deadlock(self) -> DeadlockRecord | None:
-        """The deadlock rank 0's engine confirmed (``runtime.deadlock``), if any (signed by the job)."""
+        """The deadlock rank 0's engine confirmed (``runtime.coordination.deadlock``), if any (signed by the job)."""
         value = self._signed_value(DEADLOCK_KEY)
         return None if value is None else parse_deadlock(value)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -11,40 +10,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..rank_failure import OwnFailure
-from .failure_hints import hints_for
-from .hang_detector import HangDetector, HangVerdict
-from .local import terminate_groups
-from .output import OutputRelay
-from .remote_link import RemoteLink
 from .rendezvous import DeadlockRecord
-
-
-@dataclass
-class Worker:
-    """A started rank: its process and the relays of its output."""
-
-    rank: int
-    hostname: str
-    process: subprocess.Popen
-    relays: tuple[OutputRelay, OutputRelay]
-    #: Started over SSH: ``process`` is the ssh client, its exit code the remote supervisor's.
-    remote: bool = False
-    #: Its ``remote_rank`` channel (heartbeat), for a remote or container rank.
-    link: RemoteLink | None = None
-
-    @property
-    def stderr_tail(self) -> list[str]:
-        return list(self.relays[1].tail)
-
-    @property
-    def stderr_shown(self) -> bool:
-        """Whether its stderr lines reached the console (not filtered out by ``--ranks``)."""
-        return self.relays[1].show
-
-    def ended_how(self) -> str:
-        """How it ended, in words (its host cut off, or its exit code)."""
-        lost = self.link.lost_reason if self.link is not None else None
-        return lost or describe_returncode(self.process.returncode, self.remote)
+from .spawn.local import terminate_groups
+from .spawn.worker import Worker
+from .watch.failure_hints import hints_for
+from .watch.hang_detector import HangDetector, HangVerdict
 
 
 @dataclass(frozen=True)
@@ -75,26 +45,6 @@ CAUSE_WAIT_S = 1.0
 #: How long the ranks of a deadlocked job get to exit on their own (each raises the verdict) once one failed.
 DEADLOCK_EXIT_WAIT_S = 3.0
 
-#: What ssh returns when the connection failed or dropped.
-SSH_CONNECTION_FAILED = 255
-
-
-def describe_returncode(returncode: int, remote: bool = False) -> str:
-    """``exited with code 3`` or ``was killed by signal 9 (SIGKILL)``; for a remote rank, 128 + N is
-    signal N (the remote supervisor's convention) and 255 a lost SSH connection."""
-    if remote and returncode == SSH_CONNECTION_FAILED:
-        return "lost its SSH connection (ssh exited with 255)"
-    if remote and 128 < returncode < 128 + 65:
-        returncode = -(returncode - 128)
-    if returncode >= 0:
-        return f"exited with code {returncode}"
-    try:
-        name = signal.Signals(-returncode).name
-    except ValueError:
-        name = "unknown signal"
-    return f"was killed by signal {-returncode} ({name})"
-
-
 class Supervisor:
     """Watches the workers; ends them all on the first failure or on a signal to the launcher."""
 
@@ -111,7 +61,7 @@ class Supervisor:
         #: A rank's own-exception record (``rank_failure``), read from the store.
         self.own_failure = own_failure
         self.cause_wait_s = cause_wait_s
-        #: The deadlock the ranks' engines confirmed (``runtime.deadlock``), read from the store.
+        #: The deadlock the ranks' engines confirmed (``runtime.coordination.deadlock``), read from the store.
         self.deadlock = deadlock
         self.settle_period_s = settle_period_s
         #: The hang detector (if on): a hung job ends with its verdict; a failure is checked against it.
@@ -140,8 +90,7 @@ class Supervisor:
         finally:
             self.terminate_all()
         for worker in self.workers:
-            for relay in worker.relays:
-                relay.join(timeout=5)
+            worker.join_relays()
         return failure
 
     def _watch(self) -> Failure | None:
@@ -154,12 +103,12 @@ class Supervisor:
             failed = self._failed_workers()
             if failed:
                 return self._root_cause(failed)
-            if all(worker.process.poll() is not None for worker in self.workers):
+            if all(worker.poll() is not None for worker in self.workers):
                 return None
             self._wakeup.wait(self.poll_interval_s)
 
     def _failed_workers(self) -> list[Worker]:
-        return [w for w in self.workers if w.process.poll() not in (None, 0)]
+        return [w for w in self.workers if w.poll() not in (None, 0)]
 
     def _root_cause(self, failed: list[Worker]) -> Failure:
         """The failure that caused the others, from the ranks' records, not from the order of exits.
@@ -180,7 +129,7 @@ class Supervisor:
             owns = self._own_failures()
             if owns or any(w.link is not None and w.link.lost_reason for w in failed):
                 break
-            if all(w.process.poll() is not None for w in self.workers):
+            if all(w.poll() is not None for w in self.workers):
                 break
             if self.detector is not None and self.detector.frozen():
                 break  # a stopped rank will not end by itself: blame_after_failure names it
@@ -219,7 +168,7 @@ class Supervisor:
         reason = root.ended_how() if root.process.returncode is not None else "was still exiting"
         if root.rank in owns:
             reason = f"{owns[root.rank].describe()} and {reason}"
-        return Failure(root.rank, root.hostname, None if root.remote else root.process.pid, code,
+        return Failure(root.rank, root.host, None if root.remote else root.process.pid, code,
                        reason, consequences, independent)
 
     def _deadlock_failure(self, record: DeadlockRecord) -> Failure:
@@ -227,7 +176,7 @@ class Supervisor:
         give the others ``DEADLOCK_EXIT_WAIT_S`` to exit with their tracebacks, then blame the odd ranks
         the verdict names. (A job whose ranks catch the verdict and end well is not failed for it.)"""
         deadline = time.monotonic() + DEADLOCK_EXIT_WAIT_S
-        while time.monotonic() < deadline and any(w.process.poll() is None for w in self.workers):
+        while time.monotonic() < deadline and any(w.poll() is None for w in self.workers):
             self._wakeup.wait(self.poll_interval_s)
         known = {w.rank for w in self.workers}
         blamed = [rank for rank in record.blamed if rank in known] or [self.workers[0].rank]
@@ -239,7 +188,7 @@ class Supervisor:
                         if w.rank not in blamed]
         details = ["the ranks diverged: each waits for a collective that can never complete (deadlock):",
                    *(f"  {line}" for line in record.lines)]
-        return Failure(root.rank, root.hostname, None if root.remote else root.process.pid, 1, reason,
+        return Failure(root.rank, root.host, None if root.remote else root.process.pid, 1, reason,
                        consequences, details=details)
 
     def _own_failures(self) -> dict[int, OwnFailure]:
@@ -258,7 +207,7 @@ class Supervisor:
         consequences = [(w.rank, w.ended_how(), f"it waited for rank {rank}") for w in failed
                         if w.rank not in verdict.ranks]
         pid = None if blamed.remote else verdict.pids.get(rank) or blamed.process.pid
-        return Failure(rank, blamed.hostname, pid, 1, verdict.reason, consequences)
+        return Failure(rank, blamed.host, pid, 1, verdict.reason, consequences)
 
     def terminate_all(self) -> None:
         """SIGTERM every worker's process group, SIGKILL what is left after the grace period."""

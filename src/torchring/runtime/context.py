@@ -30,20 +30,23 @@ from ..environments import (
     detect_environment,
 )
 from ..exceptions import NOT_INITIALIZED_MESSAGE
+from ..metrics.counters import METRICS
 from ..rank_failure import install_excepthook
+from ..settings import Settings
 from ..store_auth import AuthenticatedStore, job_credentials
-from .control import ControlChannel
-from .deadlock import Verdict
+from .coordination.control import ControlChannel
+from .coordination.deadlock import Verdict
+from .coordination.messages import EngineSettings
+from .coordination.topology import Topology, exchange_topology
+from .coordination.wakeup import LocalWaker, StoreWaker, Waker
+from .dataplane.data_groups import DataGroups
+from .dataplane.executor import Executor
+from .dataplane.lane_registry import GroupOpener, LaneRegistry
+from .dataplane.process_set_table import ProcessSetTable
 from .engine import Engine
-from .engine_data import EngineSettings
-from .executor import DataGroups, Executor
-from .flight_recorder import NULL_RECORDER, Recorder, open_recorder
-from .lanes import GroupOpener, LaneRegistry
-from .process_set_table import ProcessSetTable
-from .settings import Settings
-from .timeline import NullTimeline, TimelineWriter
-from .topology import Topology, exchange_topology
-from .wakeup import LocalWaker, StoreWaker, Waker
+from .names import skip_auto_name
+from .observe.flight_recorder import NULL_RECORDER, Recorder, open_recorder
+from .observe.timeline import NullTimeline, TimelineWriter
 
 logger = logging.getLogger("torchring")
 
@@ -64,7 +67,7 @@ class Runtime:
     dynamic_process_sets: bool
     #: The settings parsed at this ``init()``.
     settings: Settings
-    #: ``DistributedOptimizer``'s gradient lanes and their groups (see ``runtime.lanes``).
+    #: ``DistributedOptimizer``'s gradient lanes and their groups (see ``runtime.dataplane.lane_registry``).
     lanes: LaneRegistry
     #: Publishes this rank's metrics to the launcher (``torchring run --metrics-port``), if asked.
     metrics_publisher: object | None = None
@@ -293,8 +296,6 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
         if info.size > 1:
             assert rendezvous.host is not None and rendezvous.port is not None
             waker = StoreWaker(rendezvous.host, rendezvous.port, f"{prefix}/wake/", rendezvous_timeout)
-        from .handles import skip_auto_name  # handles reaches the runtime through this module
-
         report_peer_failure = _peer_failure_reporter(environment, signed, info.rank)
         engine = Engine(info.rank, info.size, control, Executor(table, info.rank), table, waker,
                         _engine_settings(control, settings), report_peer_failure, skip_auto_name,
@@ -314,6 +315,19 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
             _atexit_registered = True
         logger.debug("torchring initialised: %s via %s", topology, environment.name)
         return process_set_ids
+
+
+def _runtime_gauges() -> dict[str, object]:
+    """The figures of the initialised runtime that the metrics show (none before ``init()``)."""
+    runtime = _runtime
+    if runtime is None:
+        return {}
+    cache = runtime.engine.response_cache
+    return {"cache_hits": cache.hits, "cache_misses": cache.misses, "size": runtime.topology.size,
+            "rank": runtime.topology.rank}
+
+
+METRICS.runtime_gauges = _runtime_gauges
 
 
 def _lane_group_opener(store: dist.Store, table: ProcessSetTable, timeout: timedelta) -> GroupOpener:

@@ -24,22 +24,28 @@ from collections.abc import Callable
 from ..exceptions import HorovodInternalError, TensorMismatchError
 from ..metrics.counters import METRICS
 from ..rank_failure import note_peer_failure
-from .completion import Completer, Launched
-from .control import ControlChannel
-from .cycle_negotiation import negotiate_cycle
-from .deadlock import DeadlockWatch, Verdict
-from .engine_data import Announcement, EngineSettings, duplicate_message, response_backend_activity, shutdown_error
-from .executor import Executor
-from .flight_recorder import NULL_RECORDER, Recorder
-from .fusion import BatchPlanner
-from .negotiation import Negotiator, RequestKey, Response
-from .process_set_table import ProcessSetTable
+from .coordination.control import ControlChannel
+from .coordination.cycle import negotiate_cycle
+from .coordination.deadlock import DeadlockWatch, Verdict
+from .coordination.fusion import BatchPlanner
+from .coordination.messages import (
+    Announcement,
+    EngineSettings,
+    duplicate_message,
+    response_backend_activity,
+    shutdown_error,
+)
+from .coordination.negotiation import Negotiator, RequestKey, Response
+from .coordination.response_cache import ResponseCache
+from .coordination.stall_inspector import StallInspector
+from .coordination.wakeup import Waker
+from .dataplane.completion import Completer, Launched
+from .dataplane.executor import Executor
+from .dataplane.process_set_table import ProcessSetTable
+from .observe.flight_recorder import NULL_RECORDER, Recorder
+from .observe.thread_cpu import thread_cpu_seconds
+from .observe.timeline import NullTimeline, TimelineWriter
 from .requests import DATA_OPS, OpType, Request
-from .response_cache import ResponseCache
-from .stall_inspector import StallInspector
-from .thread_cpu import thread_cpu_seconds
-from .timeline import NullTimeline, TimelineWriter
-from .wakeup import Waker
 
 #: A burst of submissions counts as over once no request came for this long.
 BURST_SETTLE_S = 0.0002

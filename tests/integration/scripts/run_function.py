@@ -24,5 +24,5 @@ if __name__ == "__main__":
     print("RESULTS " + json.dumps(results), flush=True)
     try:
         torchring.run(lambda: 1 / 0, np=2, hosts=hosts)
-    except torchring.launch.function.FunctionJobError as error:
+    except torchring.launch.function_job.FunctionJobError as error:
         print(f"FAILED {error.exit_code}", flush=True)

@@ -1,0 +1,37 @@
+"""One cycle's negotiation: every rank's announcement into the shared table, and the responses it
+releases, the same on every rank (``negotiation``), with the response cache's fast path and the
+timeline's negotiation marks."""
+
+from __future__ import annotations
+
+from ..observe.timeline import NullTimeline, TimelineWriter
+from .messages import Announcement
+from .negotiation import Negotiator, Response
+from .response_cache import ResponseCache
+
+
+def negotiate_cycle(announcements: list[Announcement], negotiator: Negotiator, cache: ResponseCache,
+                    timeline: TimelineWriter | NullTimeline) -> list[Response]:
+    """The responses every rank releases this cycle, in the same order on every rank.
+
+    When every rank repeats cached requests only (a training loop's steady state), those skip the table
+    (``ResponseCache.take_common``); the rest are decoded and recorded in rank order."""
+    timeline.mark_cycle()
+    masks = [announcement.cached for announcement in announcements]
+    repeated: list[Response] = []
+    if all(masks) and not timeline.enabled and not negotiator.joined:
+        repeated, masks = cache.take_common(masks, negotiator.pending)
+    for rank, (announcement, mask) in enumerate(zip(announcements, masks, strict=True)):
+        metas = [*cache.decode(rank, mask), *announcement.metas] if mask else announcement.metas
+        if timeline.enabled:
+            for meta in metas:
+                if not timeline.negotiating(meta.name):  # also one that began before the timeline did
+                    timeline.negotiate_start(meta.name, meta.op_type.value)
+                timeline.negotiate_rank_ready(meta.name, rank)
+        negotiator.record(rank, metas)
+    responses = negotiator.take_ready()
+    for response in responses:
+        if timeline.enabled:
+            timeline.negotiate_end(response.name)
+        cache.record(response)
+    return [*repeated, *responses] if repeated else responses

@@ -1,0 +1,69 @@
+"""What the engine (``runtime.engine``) is configured with, what each rank contributes to a cycle, and
+the texts of the errors it raises."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...exceptions import HorovodInternalError
+from ..observe.timeline import backend_activity
+from ..requests import RequestMeta
+from .negotiation import RequestKey, Response
+
+
+@dataclass(frozen=True)
+class Announcement:
+    """One rank's contribution to a cycle."""
+
+    metas: tuple[RequestMeta, ...]
+    shutting_down: bool
+    #: The last idle epoch this rank's wake-up listener has finished with (its key may then go).
+    listened_epoch: int = -1
+    #: Set by rank 0 when requests stalled past the shutdown time: every rank stops with this text.
+    stall_abort: str = ""
+    #: Requests found in the response cache, one bit per cache slot (see ``response_cache``).
+    cached: bytes = b""
+    #: What this rank's threads have been blocked on for a while: (request key, call site) pairs (``deadlock``).
+    blocked: tuple = ()
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Timing knobs of the cycle and of the stall inspector."""
+
+    cycle_time_s: float = 0.001
+    stall_check_enabled: bool = True
+    stall_warning_s: float = 60.0
+    #: 0: never; otherwise requests stalled this long stop the job on every rank with an error.
+    stall_shutdown_s: float = 0.0
+    #: Bytes of allreduces packed into one collective (0: no fusion).
+    fusion_threshold: int = 128 * 1024 * 1024
+    #: Negotiated requests remembered so that repeating them costs one bit (0: no cache).
+    cache_capacity: int = 1024
+    #: 1: engines block until woken as soon as nothing is pending; more: only after that many consecutive
+    #: empty cycles. Every rank must use the same number (they go idle together).
+    idle_cycles: int = 1
+    #: Seconds every rank must stay blocked on requests that cannot complete before rank 0 declares the
+    #: job deadlocked (``TORCHRING_DEADLOCK_TIMEOUT``; 0: never).
+    deadlock_confirm_s: float = 5.0
+
+
+def response_backend_activity(response: Response) -> str:
+    """The timeline name of the backend step, e.g. ``GLOO_ALLREDUCE`` or ``NCCL_BROADCAST``."""
+    return backend_activity(response.template.device, response.op_type.value)
+
+
+def duplicate_message(key: RequestKey) -> str:
+    """The error for a second request under a name still in flight on this rank."""
+    return (f"Duplicate tensor name '{key[1]}': an operation with this name is still in progress on this "
+            "rank. Wait for it (synchronize) or give the new operation another name.")
+
+
+def shutdown_error(stopping_ranks: list[int]) -> HorovodInternalError:
+    """The error of operations that can no longer complete because ``stopping_ranks`` shut down."""
+    who = ", ".join(map(str, stopping_ranks))
+    return HorovodInternalError(
+        f"torchring has been shut down (by rank {who}). This is caused by hvd.shutdown() or the end "
+        "of the program on that rank, or by an exception there; operations still pending on this "
+        "rank can no longer complete."
+    )

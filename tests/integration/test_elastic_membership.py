@@ -16,7 +16,6 @@ import argparse
 import itertools
 import os
 import random
-import shutil
 import signal
 import time
 
@@ -41,7 +40,7 @@ class Job:
         config = config_from_args(parser.parse_args(["--host-discovery-script", f"cat {self.pool_file}",
                                                      "--hang-timeout", "0", *flags, "sleep", "600"]))
         self.min_np, self.max_np, self.spares = config.elastic.min_np, config.elastic.max_np, config.elastic.spares
-        self.driver, self.stack_dir = build_elastic_driver(config)
+        self.driver, self.job = build_elastic_driver(config)
         object.__setattr__(self.driver.settings, "discovery_interval_s", 0.0)  # every pass asks discovery
         self.logs: list[str] = []
         self.driver.log = self.driver.hosts.log = self.logs.append
@@ -51,7 +50,7 @@ class Job:
 
     def close(self) -> None:
         self.driver.close()
-        shutil.rmtree(self.stack_dir, ignore_errors=True)
+        self.job.close()
 
     # ---- the events ---------------------------------------------------------------------------
     def kill(self, host: str, wait: bool = True) -> None:

@@ -102,7 +102,9 @@ def test_version_mismatch_lists_each_hosts_versions(cluster, tmp_path):
     report = {"python": platform.python_version(), "torch": "1.13.1", "torchring": torchring.__version__,
               "store_reachable": True, "cpus": 1}
     fake.write_text(f"""#!/bin/sh
-if [ "$(hostname)" = h2 ] && [ "$1" = "-c" ]; then echo '{json.dumps(report)}'; exit 0; fi
+if [ "$(hostname)" = h2 ] && [ "$2" = torchring.launch.spawn.host_probe ]; then
+    echo '{json.dumps(report)}'; exit 0
+fi
 exec {sys.executable} "$@"
 """)
     fake.chmod(0o755)

@@ -140,3 +140,23 @@ def test_remote_rank_passes_on_exit_codes_and_signals():
     process = _start_remote_rank([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
     _finish(process)
     assert process.returncode == 128 + signal.SIGKILL
+
+
+def test_the_host_probe_runs_as_a_module_and_reports_the_store_and_the_interface_without_importing_torch():
+    import socket
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        code = ("import runpy, sys; sys.argv = ['host_probe', sys.argv[1], '2', '']; "
+                "runpy.run_module('torchring.launch.spawn.host_probe', run_name='__main__'); "
+                "print('torch imported' if 'torch' in sys.modules else 'torch not imported')")
+        env = {**os.environ, "SSH_CONNECTION": "127.0.0.1 50000 127.0.0.1 22"}
+        result = subprocess.run([sys.executable, "-c", code, str(port)], capture_output=True, text=True, env=env,
+                                check=True, timeout=60)
+    report_line, torch_line = result.stdout.strip().splitlines()
+    report = json.loads(report_line)
+    assert report["launcher_address"] == "127.0.0.1" and report["store_reachable"] is True
+    assert report["interface"] == "lo" and report["torchring"] and report["cpus"] >= 1
+    assert torch_line == "torch not imported"

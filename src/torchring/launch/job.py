@@ -154,6 +154,40 @@ def _log(message: str) -> None:
     print(f"torchring run: {message}", file=sys.stderr, flush=True)
 
 
+class JobScaffold:
+    """What every job needs, fixed or elastic: the store server (which made the job's id and secret), the
+    directory of the stack dumps, the ``--metrics-port`` page and the spawner. ``close()`` releases them
+    all (after the job's processes ended); a failure while setting up releases what was set up.
+
+    ``remote_hosts``: the remote hosts the job uses (None: not known in advance, a discovery script);
+    ``max_ranks``: the most ranks the metrics page shows; ``with_store`` is called with the signed store
+    before anything starts."""
+
+    def __init__(self, config: RunConfig, remote_hosts: Sequence[str] | None, max_ranks: int,
+                 stragglers: StragglerWatch | None = None, launcher_families: LauncherFamilies | None = None,
+                 with_store: Callable[[AuthenticatedStore], None] | None = None) -> None:
+        self.server = RendezvousServer(store_bind_address(config, remote_hosts), config.port)
+        self.stack_dir = tempfile.mkdtemp(prefix="torchring-stack-dumps-")
+        self.spawner: Spawner | None = None
+        try:
+            if with_store is not None:
+                with_store(self.server.auth)
+            metrics_env = _serve_metrics(config, self.server.auth, max_ranks, stragglers, launcher_families)
+            self.spawner = Spawner(spawn_settings(config, metrics_env, self.stack_dir), self.server.port,
+                                   self.server.credentials, log=_log,
+                                   local_store_address=_local_store_address(self.server.bind))
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Stop the spawner's links and the store, and remove the stack dumps."""
+        if self.spawner is not None:
+            self.spawner.close()
+        self.server.close()
+        shutil.rmtree(self.stack_dir, ignore_errors=True)
+
+
 def run_job(config: RunConfig, with_store: Callable[[AuthenticatedStore], None] | None = None,
             after_job: Callable[[AuthenticatedStore], None] | None = None) -> int:
     """Start every rank, relay output, and return the job's exit code. ``with_store`` is called with the
@@ -161,21 +195,16 @@ def run_job(config: RunConfig, with_store: Callable[[AuthenticatedStore], None] 
     passes a function and collects results through them)."""
     assignments = assign_ranks(config.hosts, config.num_proc)
     remote_hosts = list(dict.fromkeys(slot.hostname for slot in assignments if not is_local_host(slot.hostname)))
-    server = RendezvousServer(store_bind_address(config, remote_hosts), config.port)
-    stack_dir = tempfile.mkdtemp(prefix="torchring-stack-dumps-")
     stragglers = StragglerWatch(_log)
+    job = JobScaffold(config, remote_hosts, config.num_proc, stragglers=stragglers, with_store=with_store)
+    server, spawner = job.server, job.spawner
+    assert spawner is not None
     try:
-        if with_store is not None:
-            with_store(server.auth)
-        metrics_env = _serve_metrics(config, server.auth, config.num_proc, stragglers)
-        spawner = Spawner(spawn_settings(config, metrics_env, stack_dir), server.port, server.credentials, log=_log,
-                          local_store_address=_local_store_address(server.bind))
         if remote_hosts:
             spawner.add_reports(require_hosts(remote_hosts, server.port, config.network_interfaces, config.ssh,
                                               _log if config.verbose else None))
     except BaseException:
-        server.close()
-        shutil.rmtree(stack_dir, ignore_errors=True)
+        job.close()
         raise
     if config.verbose:
         where = f"on {len({s.hostname for s in assignments})} host(s)" if remote_hosts else "on this host"
@@ -190,10 +219,10 @@ def run_job(config: RunConfig, with_store: Callable[[AuthenticatedStore], None] 
     try:
         for slot in assignments:
             show = config.ranks_to_show is None or slot.rank in config.ranks_to_show
-            spawned = spawner.start(ProcessName("rank", slot.rank), slot.hostname, topology_variables(slot),
-                                    slot.local_size, show=show, slot=slot.local_rank)
-            supervisor.add(spawned)
-            detector.add(slot.rank, spawned.process, spawned.probe)
+            worker = spawner.start(ProcessName("rank", slot.rank), slot.hostname, topology_variables(slot),
+                                   slot.local_size, show=show, slot=slot.local_rank)
+            supervisor.add(worker)
+            detector.add(slot.rank, worker.process, worker.probe)
         detector.start()
         failure = supervisor.wait()
         if after_job is not None:
@@ -203,11 +232,9 @@ def run_job(config: RunConfig, with_store: Callable[[AuthenticatedStore], None] 
         raise
     finally:
         detector.stop()
-        spawner.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        server.close()
-        shutil.rmtree(stack_dir, ignore_errors=True)
+        job.close()
     if failure is None:
         return 0
     report_failure(failure, supervisor.workers)
@@ -216,36 +243,28 @@ def run_job(config: RunConfig, with_store: Callable[[AuthenticatedStore], None] 
 
 def run_elastic_job(config: RunConfig) -> int:
     """Run an elastic job with ``ElasticDriver``."""
-    driver, stack_dir = build_elastic_driver(config)
+    driver, job = build_elastic_driver(config)
     try:
         return driver.run()
     finally:
-        shutil.rmtree(stack_dir, ignore_errors=True)
+        job.close()
 
 
-def build_elastic_driver(config: RunConfig) -> tuple[ElasticDriver, str]:
-    """The driver of an elastic job (its store serving, its metrics page up when asked) and the directory of
-    its stack dumps, which the caller removes after ``driver.run()`` or ``driver.close()``."""
+def build_elastic_driver(config: RunConfig) -> tuple[ElasticDriver, JobScaffold]:
+    """The driver of an elastic job and its scaffold (its store serving, its metrics page up when asked),
+    which the caller closes after ``driver.run()`` or ``driver.close()``."""
     assert config.elastic is not None
     if config.discovery_script:
         discovery = HostDiscovery(script=config.discovery_script, slots_per_host=config.slots_per_host)
     else:
         discovery = HostDiscovery(fixed=config.hosts, slots_per_host=config.slots_per_host)
     remote = None if config.discovery_script else [h.hostname for h in config.hosts if not is_local_host(h.hostname)]
-    server = RendezvousServer(store_bind_address(config, remote), config.port)
-    stack_dir = tempfile.mkdtemp(prefix="torchring-stack-dumps-")
     recovery = RecoveryClock()
-    try:
-        metrics_env = _serve_metrics(config, server.auth, min(config.elastic.max_np + config.elastic.spares, 4096),
-                                     launcher_families=recovery.families)
-        spawner = Spawner(spawn_settings(config, metrics_env, stack_dir), server.port, server.credentials, log=_log,
-                          local_store_address=_local_store_address(server.bind))
-    except BaseException:
-        server.close()
-        shutil.rmtree(stack_dir, ignore_errors=True)
-        raise
+    job = JobScaffold(config, remote, min(config.elastic.max_np + config.elastic.spares, 4096),
+                      launcher_families=recovery.families)
+    assert job.spawner is not None
     detector = HangDetector(config.hang_timeout_s, _log, lambda: None, noun="worker")
-    driver = ElasticDriver(config.elastic, discovery, spawner, server, config.ssh, config.network_interfaces,
+    driver = ElasticDriver(config.elastic, discovery, job.spawner, job.server, config.ssh, config.network_interfaces,
                            ranks_to_show=config.ranks_to_show, verbose=config.verbose, log=_log, detector=detector,
                            recovery=recovery)
-    return driver, stack_dir
+    return driver, job

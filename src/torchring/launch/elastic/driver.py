@@ -124,14 +124,13 @@ class ElasticDriver:
             self.close()
 
     def close(self) -> None:
-        """Stop every worker still running, then the spawner, the detector and the store."""
+        """Stop the detector and every worker still running (the job's scaffold then closes the spawner and
+        the store)."""
         if self.detector is not None:
             self.detector.stop()
         self._terminate(self.live)
         for worker in self.workers:
             worker.join_relays()
-        self.spawner.close()
-        self.server.close()
 
     @property
     def live(self) -> list[Worker]:

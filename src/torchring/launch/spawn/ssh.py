@@ -42,52 +42,8 @@ def ssh_argv(host: str, remote_argv: Sequence[str], options: SshOptions) -> list
     return [*argv, host, "--", shlex.join(remote_argv)]
 
 
-# Runs on each remote host during preflight: versions; the launcher's address as this host sees it
-# (from SSH_CONNECTION) and whether the rendezvous store answers there; the interface of the address
-# SSH reached this host at. Arguments: store port, timeout, store address ("": the launcher's address).
-_PREFLIGHT = r"""
-import json, os, platform, socket, sys
-report = {"python": platform.python_version(), "hostname": socket.gethostname(), "cpus": os.cpu_count() or 1}
-from importlib import metadata
-for module in ("torch", "torchring"):  # installed versions, without importing torch (seconds of CPU)
-    try:
-        try:
-            report[module] = metadata.version(module)
-        except metadata.PackageNotFoundError:
-            report[module] = __import__(module).__version__  # e.g. a source checkout on PYTHONPATH
-    except Exception as error:
-        report[module], report[module + "_error"] = None, repr(error)
-try:
-    from torchring.launch.spawn.containers import host_has_nvidia_gpus
-    report["nvidia_gpus"] = host_has_nvidia_gpus()
-except Exception:
-    report["nvidia_gpus"] = False
-port, timeout, address = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
-connection = os.environ.get("SSH_CONNECTION", "").split()
-report["launcher_address"] = connection[0] if connection else None
-report["own_address"] = connection[2] if len(connection) > 2 else None
-address = address or report["launcher_address"] or ""
-try:
-    socket.create_connection((address, port), timeout=timeout).close()
-    report["store_reachable"] = True
-except OSError as error:
-    report["store_reachable"], report["store_error"] = False, f"{address}:{port}: {error}"
-def interface_of(ip):
-    import fcntl, struct
-    for _, name in socket.if_nameindex():
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        try:
-            packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
-            if socket.inet_ntoa(packed[20:24]) == ip:
-                return name
-        except OSError:
-            pass
-        finally:
-            s.close()
-    return None
-report["interface"] = interface_of(report["own_address"]) if report["own_address"] else None
-print(json.dumps(report))
-"""
+#: The module preflight runs on each remote host (``host_probe``).
+HOST_PROBE_MODULE = "torchring.launch.spawn.host_probe"
 
 
 @dataclass(frozen=True)
@@ -119,9 +75,9 @@ def _last_lines(text: str, count: int = 3) -> str:
 
 
 def probe_host(host: str, store_port: int, store_address: str, options: SshOptions) -> HostReport:
-    """Run the preflight script on ``host`` over SSH (bounded by the start timeout). ``store_address``
+    """Run ``host_probe`` on ``host`` over SSH (bounded by the start timeout). ``store_address``
     "" means: the launcher's address as seen from ``host``."""
-    remote = [options.python, "-c", _PREFLIGHT, str(store_port), str(min(5.0, options.connect_timeout_s)),
+    remote = [options.python, "-m", HOST_PROBE_MODULE, str(store_port), str(min(5.0, options.connect_timeout_s)),
               store_address]
     try:
         result = subprocess.run(ssh_argv(host, remote, options), stdin=subprocess.DEVNULL, capture_output=True,
@@ -132,6 +88,10 @@ def probe_host(host: str, store_port: int, store_address: str, options: SshOptio
         return HostReport(host, error="the ssh client is not installed on this machine (openssh-client)")
     if result.returncode == 255:
         return HostReport(host, error=f"SSH failed: {_last_lines(result.stderr)}")
+    if "No module named 'torchring" in result.stderr:
+        return HostReport(host, error=f"torchring is not installed for {options.python} there (or is a version "
+                                      f"without {HOST_PROBE_MODULE}): install the same torchring as here, or "
+                                      "point --python at an interpreter that has it")
     if result.returncode != 0:
         return HostReport(host, error=f"{options.python} failed there (exit {result.returncode}): "
                                       f"{_last_lines(result.stderr)}")

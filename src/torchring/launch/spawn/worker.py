@@ -163,11 +163,6 @@ class Worker:
             self.state = WorkerState.SUCCEEDED if returncode == 0 else WorkerState.FAILED
         return returncode
 
-    @property
-    def failed(self) -> bool:
-        """It ended with an error (by itself, or ended by the launcher for a hang)."""
-        return self.poll() not in (None, 0) and self.state in (WorkerState.FAILED, WorkerState.HUNG)
-
     def ended_how(self) -> str:
         """How it ended, in words: stuck, cut off, or its exit code."""
         lost = self.link.lost_reason if self.link is not None else None

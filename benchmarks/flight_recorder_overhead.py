@@ -1,4 +1,4 @@
-"""What the flight recorder (``TORCHRING_OPS_FILE``) costs: rounds with it on and off alternate in one job,
+"""What the flight recorder (``TORCHRING_FLIGHT_RECORD``) costs: rounds with it on and off alternate in one job,
 so both share the machine's noise; rank 0 prints the median throughput of each and their ratio.
 
     torchring run -np 2 python benchmarks/flight_recorder_overhead.py train 20 150   # DistributedOptimizer, mlp
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 import torchring as hvd
 from torchring.bench.models import build_model
-from torchring.contract import OPS_FILE
+from torchring.contract import FLIGHT_RECORD_FILE
 from torchring.runtime.observe import flight_recorder
 
 
@@ -53,7 +53,7 @@ def timed_round(mode: str, steps: int, recording: bool, rank: int) -> float:
     """Steps per second of one round, in a fresh ``init()`` with the recorder on or off."""
     flight_recorder._claimed_path = None  # an earlier init() with the recorder on must not carry over
     if recording:
-        os.environ[OPS_FILE] = os.path.join(tempfile.gettempdir(), f"torchring-ops-bench.{rank}")
+        os.environ[FLIGHT_RECORD_FILE] = os.path.join(tempfile.gettempdir(), f"torchring-ops-bench.{rank}")
     hvd.init()
     try:
         step = make_step(mode)

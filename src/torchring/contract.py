@@ -134,4 +134,4 @@ STACK_FILE_HEADER = "torchring-stacks pid="
 #: The JSON file a rank's flight recorder (``torchring.runtime.observe.flight_recorder``) rewrites about once a
 #: second with its last collectives, its pending requests and its optimizer step times; set by the
 #: launcher, read by the rank at ``init()`` (and removed from its environment, so children do not inherit it).
-OPS_FILE = "TORCHRING_OPS_FILE"
+FLIGHT_RECORD_FILE = "TORCHRING_FLIGHT_RECORD"

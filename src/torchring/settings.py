@@ -138,7 +138,8 @@ def _own(name: str, parse: Callable[[str], Any], default: Any, doc: str) -> Vari
     return Variable(name if name.startswith(PREFIX) else PREFIX + name, parse, default, doc)
 
 
-#: Every setting a rank reads, Horovod's first. ``Settings`` has one attribute per entry, in this order.
+#: Every setting a rank reads (and the launcher's hang timeout), Horovod's first. ``Settings`` has one
+#: attribute per entry, in this order.
 VARIABLES: tuple[Variable, ...] = (
     _horovod("FUSION_THRESHOLD", _count, 128 * 1024 * 1024,
              "bytes of ready allreduces fused into one buffer; 0 turns fusion off (rank 0's value applies)"),
@@ -172,8 +173,11 @@ VARIABLES: tuple[Variable, ...] = (
     _own(contract.ELASTIC_SPARE, _flag, False,
          "this elastic worker is a hot spare: it waits in init() until the launcher gives it a place (set by "
          "torchring run --spares)"),
-    _own(contract.OPS_FILE, _text, None,
+    _own(contract.FLIGHT_RECORD_FILE, _text, None,
          "the flight recorder writes this rank's last collectives and step times here (set by torchring run)"),
+    _own("HANG_TIMEOUT", _non_negative, 300.0,
+         "read by torchring run: seconds without progress before the hang detector ends the job; 0: off "
+         "(--hang-timeout wins)"),
 )
 
 _BY_NAME = {variable.name: variable for variable in VARIABLES}
@@ -221,7 +225,8 @@ class Settings:
     reset_limit: int | None = None
     elastic_timeout: float = 600.0
     elastic_spare: bool = False
-    ops_file: str | None = None
+    flight_record: str | None = None
+    hang_timeout: float = 300.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:

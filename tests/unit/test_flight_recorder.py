@@ -1,5 +1,5 @@
 """The rank's flight recorder: what it records, the file it writes (format version 1), when it writes,
-and that ``init()`` starts it only when ``TORCHRING_OPS_FILE`` is set."""
+and that ``init()`` starts it only when ``TORCHRING_FLIGHT_RECORD`` is set."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import torchring as hvd
-from torchring.contract import OPS_FILE
-from torchring.launch.sampling.flight_report import format_ops, read_ops_file
+from torchring.contract import FLIGHT_RECORD_FILE
+from torchring.launch.sampling.flight_report import format_flight_record, read_flight_record
 from torchring.runtime.coordination.negotiation import Negotiator
 from torchring.runtime.coordination.stall_inspector import StallInspector
 from torchring.runtime.observe import flight_recorder
@@ -32,7 +32,7 @@ def wait_for_file(path: Path, condition, timeout: float = 10.0) -> dict:
     deadline = time.monotonic() + timeout
     content = None
     while time.monotonic() < deadline:
-        content = read_ops_file(path)
+        content = read_flight_record(path)
         if content is not None and condition(content):
             return content
         time.sleep(0.02)
@@ -120,8 +120,8 @@ def test_missing_ranks_come_from_the_negotiation_table(recorder, tmp_path):
         stop.set()
         engine.join()
     assert [(p["name"], p["missing_ranks"]) for p in content["pending"]] == [("x", [1, 2]), ("y", [2])]
-    assert format_ops(content, time.time())[0].startswith("waiting for other ranks: allreduce 'x' since ")
-    assert format_ops(content, time.time())[0].endswith("; not yet submitted by ranks 1,2")
+    assert format_flight_record(content, time.time())[0].startswith("waiting for other ranks: allreduce 'x' since ")
+    assert format_flight_record(content, time.time())[0].endswith("; not yet submitted by ranks 1,2")
 
 
 def test_the_writer_writes_changes_and_nothing_when_nothing_changed(recorder, tmp_path):
@@ -129,7 +129,7 @@ def test_the_writer_writes_changes_and_nothing_when_nothing_changed(recorder, tm
     recorder.ended(recorder.started("allreduce", "allreduce.first"))
     first = wait_for_file(path, lambda c: [e["name"] for e in c["recent"]] == ["first"])
     recorder.close()  # the last write happens only when something changed since the previous one
-    assert read_ops_file(path)["written_at"] == first["written_at"]
+    assert read_flight_record(path)["written_at"] == first["written_at"]
     assert not (tmp_path / "ops.0.partial").exists()
 
 
@@ -144,7 +144,7 @@ def test_a_write_into_a_vanished_directory_fails_quietly(tmp_path):
 
 
 def test_without_the_variable_nothing_records(monkeypatch):
-    monkeypatch.delenv(OPS_FILE, raising=False)
+    monkeypatch.delenv(FLIGHT_RECORD_FILE, raising=False)
     monkeypatch.setattr(flight_recorder, "_claimed_path", None)
     assert open_recorder(None, 0, 1) is NULL_RECORDER
     assert NULL_RECORDER.started("allreduce", "x") is None and NULL_RECORDER.pending_keys() == []
@@ -154,16 +154,16 @@ def test_without_the_variable_nothing_records(monkeypatch):
 def test_init_records_to_the_file_and_takes_the_variable_out_of_the_environment(monkeypatch, tmp_path):
     monkeypatch.setattr(flight_recorder, "_claimed_path", None)
     path = tmp_path / "ops.0"
-    monkeypatch.setenv(OPS_FILE, str(path))
+    monkeypatch.setenv(FLIGHT_RECORD_FILE, str(path))
     threads_before = {t.name for t in threading.enumerate()}
     hvd.init()
     try:
-        assert OPS_FILE not in os.environ
+        assert FLIGHT_RECORD_FILE not in os.environ
         assert "torchring-flight-recorder-0" in {t.name for t in threading.enumerate()} - threads_before
         hvd.allreduce(torch.ones(2), name="loss")
     finally:
         hvd.shutdown()
-    content = read_ops_file(path)
+    content = read_flight_record(path)
     assert [(e["op"], e["name"]) for e in content["recent"]] == [("allreduce", "loss")]
     assert content["pending"] == [] and content["size"] == 1
     hvd.init()  # a re-initialisation (an elastic reset) keeps writing to the same file
@@ -175,7 +175,7 @@ def test_init_records_to_the_file_and_takes_the_variable_out_of_the_environment(
         hvd.barrier()
     finally:
         hvd.shutdown()
-    recent = read_ops_file(path)["recent"]
+    recent = read_flight_record(path)["recent"]
     assert [(e["op"], e["name"]) for e in (recent[0], recent[-1])] == [("broadcast", "again"), ("barrier", "noname.0")]
     # a fused buffer is one collective on the wire: one record, named after its first tensor
     reductions = [e["name"] for e in recent[1:-1]]

@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .. import settings
 from ..contract import METRICS_PUBLISH
 from ..store_auth import AuthenticatedStore
 from .elastic.discovery import HostDiscovery
@@ -54,8 +55,8 @@ if TYPE_CHECKING:
     from ..metrics.exporter import LauncherFamilies
 
 #: The launcher's default ``--hang-timeout`` and the variable that sets it when the flag is not given.
-DEFAULT_HANG_TIMEOUT_S = 300.0
-HANG_TIMEOUT_VARIABLE = "TORCHRING_HANG_TIMEOUT"
+DEFAULT_HANG_TIMEOUT_S: float = settings.variable("HANG_TIMEOUT").default
+HANG_TIMEOUT_VARIABLE = settings.variable("HANG_TIMEOUT").name
 #: Where the ``--metrics-port`` page listens by default (``--metrics-address``): every interface, so that a
 #: Prometheus server elsewhere can scrape it; the page only shows counters (``docs/security.md``).
 DEFAULT_METRICS_ADDRESS = "0.0.0.0"

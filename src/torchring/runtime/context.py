@@ -36,7 +36,7 @@ from ..settings import Settings
 from ..store_auth import AuthenticatedStore, job_credentials
 from .coordination.control import ControlChannel
 from .coordination.deadlock import Verdict
-from .coordination.messages import EngineSettings
+from .coordination.engine_settings import EngineSettings
 from .coordination.topology import Topology, exchange_topology
 from .coordination.wakeup import LocalWaker, StoreWaker, Waker
 from .dataplane.data_groups import DataGroups
@@ -71,7 +71,7 @@ class Runtime:
     lanes: LaneRegistry
     #: Publishes this rank's metrics to the launcher (``torchring run --metrics-port``), if asked.
     metrics_publisher: object | None = None
-    #: Writes this rank's last collectives and step times for the launcher (``TORCHRING_OPS_FILE``).
+    #: Writes this rank's last collectives and step times for the launcher (``TORCHRING_FLIGHT_RECORD``).
     recorder: Recorder = NULL_RECORDER
     #: Rank 0 of an elastic generation: the key that tells the launcher its first step completed (cleared
     #: once set); None elsewhere.
@@ -303,7 +303,7 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
         timeline = _initial_timeline(info.rank, settings)
         if timeline is not None:
             engine.timeline = timeline
-        recorder = engine.recorder = open_recorder(settings.ops_file, info.rank, info.size)
+        recorder = engine.recorder = open_recorder(settings.flight_record, info.rank, info.size)
         engine.start()
         lanes = LaneRegistry(generation_prefix(_generation), _lane_group_opener(store, table, timeout),
                              lambda: engine.timeline, recorder, report_peer_failure, engine.deadlocks)

@@ -27,14 +27,9 @@ from ..rank_failure import note_peer_failure
 from .coordination.control import ControlChannel
 from .coordination.cycle import negotiate_cycle
 from .coordination.deadlock import DeadlockWatch, Verdict
+from .coordination.engine_settings import EngineSettings
 from .coordination.fusion import BatchPlanner
-from .coordination.messages import (
-    Announcement,
-    EngineSettings,
-    duplicate_message,
-    response_backend_activity,
-    shutdown_error,
-)
+from .coordination.messages import Announcement, duplicate_message, response_backend_activity, shutdown_error
 from .coordination.negotiation import Negotiator, RequestKey, Response
 from .coordination.response_cache import ResponseCache
 from .coordination.stall_inspector import StallInspector
@@ -108,7 +103,7 @@ class Engine:
         self.deadlocks = DeadlockWatch(self._negotiator, settings.deadlock_confirm_s, rank == 0, report_deadlock)
         #: Rank 0 records a Chrome-trace timeline when one is set (``HOROVOD_TIMELINE``, start_timeline()).
         self.timeline: TimelineWriter | NullTimeline = NullTimeline()
-        #: Notes submitted, started and finished requests for the launcher (``TORCHRING_OPS_FILE``).
+        #: Notes submitted, started and finished requests for the launcher (``TORCHRING_FLIGHT_RECORD``).
         self.recorder: Recorder = NULL_RECORDER
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"torchring-engine-{rank}", daemon=True)

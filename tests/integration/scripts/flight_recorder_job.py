@@ -1,4 +1,4 @@
-"""Ranks that record their collectives in ``<dir>/ops.<rank>`` (``TORCHRING_OPS_FILE``, set here before
+"""Ranks that record their collectives in ``<dir>/ops.<rank>`` (``TORCHRING_FLIGHT_RECORD``, set here before
 ``hvd.init()`` until the launcher sets it). ``FLIGHT_MODE=steps``: 30 DistributedOptimizer steps in which
 rank 1 works ``SLOW_S`` longer than rank 0. ``FLIGHT_MODE=pending``: rank 0 submits allreduce 'x', rank
 1 submits it only once the file ``<dir>/release`` exists; both then finish."""
@@ -12,12 +12,12 @@ import torch
 from torch import nn
 
 directory = Path(sys.argv[1])
-os.environ["TORCHRING_OPS_FILE"] = str(directory / f"ops.{os.environ['TORCHRING_RANK']}")
+os.environ["TORCHRING_FLIGHT_RECORD"] = str(directory / f"ops.{os.environ['TORCHRING_RANK']}")
 
 import torchring as hvd  # noqa: E402 - the variable must be set before init(), which reads it
 
 hvd.init()
-assert "TORCHRING_OPS_FILE" not in os.environ, "the recorder leaves the variable to this process alone"
+assert "TORCHRING_FLIGHT_RECORD" not in os.environ, "the recorder leaves the variable to this process alone"
 mode = os.environ["FLIGHT_MODE"]
 if mode == "steps":
     torch.manual_seed(0)

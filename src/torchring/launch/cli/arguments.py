@@ -7,9 +7,9 @@ command line (``run_command``) prints them as usage errors.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
+from ... import settings
 from ..elastic.records import ElasticSettings
 from ..hosts import HostSlots, parse_hostfile, parse_hosts
 from ..job import DEFAULT_HANG_TIMEOUT_S, DEFAULT_METRICS_ADDRESS, HANG_TIMEOUT_VARIABLE, RunConfig
@@ -161,14 +161,9 @@ def _metrics_address(address: str | None) -> str:
 
 
 def _hang_timeout(value: float | None) -> float:
-    """``--hang-timeout``, else ``TORCHRING_HANG_TIMEOUT``, else the default."""
+    """``--hang-timeout``, else ``TORCHRING_HANG_TIMEOUT`` (the settings table), else the default."""
     if value is None:
-        text = os.environ.get(HANG_TIMEOUT_VARIABLE, "").strip()
-        try:
-            value = float(text) if text else DEFAULT_HANG_TIMEOUT_S
-        except ValueError:
-            raise ValueError(f"{HANG_TIMEOUT_VARIABLE}={text!r}: expected seconds (0 turns the hang detector "
-                             "off)") from None
+        return settings.read("HANG_TIMEOUT")
     if value < 0:
         raise ValueError(f"--hang-timeout {value:g}: must be >= 0 (0 turns the hang detector off)")
     return value

@@ -11,15 +11,15 @@ import math
 import os
 from collections.abc import Sequence
 
-__all__ = ["MAX_OPS_FILE_BYTES", "format_ops", "progress_mark", "rank_list", "read_ops_file"]
+__all__ = ["MAX_FLIGHT_RECORD_BYTES", "format_flight_record", "progress_mark", "rank_list", "read_flight_record"]
 
 
 def rank_list(ranks: Sequence[int], noun: str = "rank") -> str:
     """``rank 1`` or ``ranks 0,2`` (``noun`` "worker" for the workers of an elastic job)."""
     return f"{noun} {ranks[0]}" if len(ranks) == 1 else f"{noun}s " + ",".join(str(r) for r in ranks)
 
-#: The most of an ops file that is read; a bigger file is not the recorder's and is ignored.
-MAX_OPS_FILE_BYTES = 256 * 1024
+#: The most of an flight record that is read; a bigger file is not the recorder's and is ignored.
+MAX_FLIGHT_RECORD_BYTES = 256 * 1024
 #: Longest operation and request names shown (longer ones are cut, ending in "…").
 MAX_NAME_CHARS = 80
 #: Collectives and pending requests shown per rank, and missing ranks named per request.
@@ -28,13 +28,13 @@ SHOWN_PENDING = 3
 SHOWN_MISSING = 16
 
 
-def read_ops_file(path: str | os.PathLike[str]) -> dict | None:
-    """A rank's ops file as written by its flight recorder (a JSON object, format version 1), or None when
-    the file is missing, bigger than ``MAX_OPS_FILE_BYTES``, not JSON or not an object of that version."""
+def read_flight_record(path: str | os.PathLike[str]) -> dict | None:
+    """A rank's flight record as written by its flight recorder (a JSON object, format version 1), or None when
+    the file is missing, bigger than ``MAX_FLIGHT_RECORD_BYTES``, not JSON or not an object of that version."""
     try:
         with open(path, "rb") as file:
-            data = file.read(MAX_OPS_FILE_BYTES + 1)
-        if len(data) > MAX_OPS_FILE_BYTES:
+            data = file.read(MAX_FLIGHT_RECORD_BYTES + 1)
+        if len(data) > MAX_FLIGHT_RECORD_BYTES:
             return None
         content = json.loads(data.decode("utf-8"))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError):
@@ -78,8 +78,8 @@ def _missing_text(value: object) -> str:
     return f"; not yet submitted by {rank_list(ranks)}{more}"
 
 
-def format_ops(ops: dict, now: float) -> list[str]:
-    """Short lines for the hang report from one rank's ops file (``read_ops_file``), times relative to
+def format_flight_record(ops: dict, now: float) -> list[str]:
+    """Short lines for the hang report from one rank's flight record (``read_flight_record``), times relative to
     ``now`` (``time.time()``): ``last collectives: allreduce 'loss' (started 35 s ago, not done), ...``
     and ``waiting for other ranks: allreduce 'loss' since 35 s; not yet submitted by ranks 1,3``.
     Entries with missing or wrongly typed fields are left out; nothing here raises on bad content."""
@@ -113,7 +113,7 @@ def format_ops(ops: dict, now: float) -> list[str]:
 
 
 def progress_mark(ops: dict | None) -> str | None:
-    """What in a rank's ops file says its collectives or steps moved on: its recent collectives, the
+    """What in a rank's flight record says its collectives or steps moved on: its recent collectives, the
     requests it submitted and its step count, not when the file was written nor which ranks a pending
     request still waits for (those change while nothing moves). A different mark than before is progress."""
     if not isinstance(ops, dict):

@@ -7,7 +7,7 @@ arrives on the FIFO ``<stack file>.trigger``. A probe reads ``/proc/PID/stat`` (
 frozen, never asked), writes the byte, and reads what was appended once the file stopped growing; each
 read truncates the file back to its header. When no dump came within ``FALLBACK_S`` (a thread holds the
 GIL in a C call), it sends SIGUSR2 once, on which ``faulthandler`` dumps from the signal handler. With an
-ops file (``TORCHRING_OPS_FILE``), what torchring's runtime recorded there (recent collectives, pending
+flight record (``TORCHRING_FLIGHT_RECORD``), what torchring's runtime recorded there (recent collectives, pending
 requests, optimizer steps) comes with the answer.
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ...contract import STACK_FILE_HEADER
-from .flight_report import read_ops_file
+from .flight_report import read_flight_record
 from .proc_info import catches_signal, is_stopped, process_state
 
 __all__ = ["DUMP_WAIT_S", "Probe", "ProbeResult", "STACK_HOOK_PATH", "StackProbe", "prepare_stack_files",
@@ -74,11 +74,11 @@ class ProbeResult:
 
 
 def prepare_stack_files(stem: Path) -> tuple[Path, Path]:
-    """The stack file (empty), its trigger FIFO and the ops file's path for a rank, named after ``stem``."""
+    """The stack file (empty), its trigger FIFO and the flight record's path for a rank, named after ``stem``."""
     stack_file = stem.with_name(stem.name + ".stacks")
     stack_file.touch()
     os.mkfifo(trigger_path(stack_file), 0o600)
-    return stack_file, stem.with_name(stem.name + ".ops")
+    return stack_file, stem.with_name(stem.name + ".flight")
 
 
 def trigger_path(stack_file: Path) -> str:
@@ -103,10 +103,10 @@ class Probe(Protocol):
 class StackProbe:
     """Samples the rank whose process-group leader is ``leader_pid`` through ``stack_file``."""
 
-    def __init__(self, leader_pid: int, stack_file: Path, ops_file: Path | None = None) -> None:
+    def __init__(self, leader_pid: int, stack_file: Path, flight_record_file: Path | None = None) -> None:
         self.leader_pid = leader_pid
         self.stack_file = stack_file
-        self.ops_file = ops_file
+        self.flight_record_file = flight_record_file
         #: The Python process that registered the dump (from the file's header), once known.
         self.pid: int | None = None
         #: Where the next dump starts: the end of the header line.
@@ -180,7 +180,7 @@ class StackProbe:
         pid = self.pid or self.leader_pid
         stat = process_state(pid)
         state = "running" if self._dump is not None else self._state
-        ops = read_ops_file(self.ops_file) if self.ops_file is not None else None
+        ops = read_flight_record(self.flight_record_file) if self.flight_record_file is not None else None
         return ProbeResult(state, self.pid, self._dump, stat[0] if stat else "", stat[1] if stat else None, ops)
 
     def _header_pid(self) -> int | None:

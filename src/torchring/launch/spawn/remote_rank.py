@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ...contract import OPS_FILE, STACK_FILE
+from ...contract import FLIGHT_RECORD_FILE, STACK_FILE
 from ..sampling.stack_probe import STACK_HOOK_PATH, StackProbe, prepare_stack_files, probe_all
 from .remote_link import CONTROL_PREFIX, LOST_GRACE_S
 
@@ -125,12 +125,12 @@ def _read_spec() -> dict[str, Any]:
 
 
 def _probe_files(env: dict[str, str]) -> tuple[Path, Path]:
-    """A stack file and an ops file for the rank, with the stack hook first on its ``PYTHONPATH``."""
+    """A stack file and an flight record for the rank, with the stack hook first on its ``PYTHONPATH``."""
     directory = Path(tempfile.mkdtemp(prefix="torchring-remote-stacks-"))
-    stack_file, ops_file = prepare_stack_files(directory / "rank")
-    env[STACK_FILE], env[OPS_FILE] = str(stack_file), str(ops_file)
+    stack_file, flight_record_file = prepare_stack_files(directory / "rank")
+    env[STACK_FILE], env[FLIGHT_RECORD_FILE] = str(stack_file), str(flight_record_file)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(STACK_HOOK_PATH), env.get("PYTHONPATH")) if p)
-    return stack_file, ops_file
+    return stack_file, flight_record_file
 
 
 def main() -> int:

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ...compat import SHIM_PATH
-from ...contract import JOB_SECRET, OPS_FILE, STACK_FILE
+from ...contract import FLIGHT_RECORD_FILE, JOB_SECRET, STACK_FILE
 from ...store_auth import JobCredentials
 from ..hosts import is_local_host
 from ..sampling.stack_probe import STACK_HOOK_PATH, Probe, StackProbe, prepare_stack_files
@@ -130,7 +130,7 @@ class Spawner:
                                cpus=report.cpus if report is not None else None, credentials=self.credentials)
         files = self._stack_files(name) if placement is Placement.LOCAL else None
         if files is not None:
-            env[STACK_FILE], env[OPS_FILE] = str(files[0]), str(files[1])
+            env[STACK_FILE], env[FLIGHT_RECORD_FILE] = str(files[0]), str(files[1])
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(STACK_HOOK_PATH), env.get("PYTHONPATH")) if p)
         process = self._launch(name, None if report is None else host, placement, env)
         link = RemoteLink(host, process) if placement is not Placement.LOCAL else None

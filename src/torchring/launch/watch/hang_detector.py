@@ -5,7 +5,7 @@ for a sample: a :class:`~torchring.launch.sampling.stack_probe.StackProbe` for a
 :class:`~torchring.launch.spawn.remote_link.RemoteProbe` for a rank on another host (its ``remote_rank``
 supervisor runs the same probe there). A frozen rank (process state ``T``/``t``) is never signalled.
 A rank made progress when its dump differs from the previous one, or when torchring's runtime in it
-recorded new collectives or steps (its ops file, ``ops_report``); after each sample the ranks' step
+recorded new collectives or steps (its flight record, ``flight_report``); after each sample the ranks' step
 times go to the straggler watch (``stragglers``). The job is hung when no rank made
 progress for ``hang_timeout`` seconds; with a rank it cannot sample (a container, a command that is
 not Python), only when a rank it can see has been frozen that long. Then the report (``hang_report``)
@@ -79,7 +79,7 @@ class _Tracked:
     frozen_since: float | None = None
     read_at: float | None = None
     last: ProbeResult = ProbeResult("unsampled")
-    #: What the rank's runtime last recorded (``TORCHRING_OPS_FILE``), if anything.
+    #: What the rank's runtime last recorded (``TORCHRING_FLIGHT_RECORD``), if anything.
     ops: dict[str, Any] | None = None
 
 

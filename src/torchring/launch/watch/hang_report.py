@@ -3,7 +3,7 @@ their main thread is, and say which ranks to blame.
 
 Blame rule: frozen ranks (process state ``T``/``t``) first; else the ranks whose main thread is *not*
 waiting in a collective (innermost frames in ``torch/distributed/``, torchring's runtime or the Horovod
-shim); else the smallest group. Where torchring's runtime recorded them (``ops_report``), each group also
+shim); else the smallest group. Where torchring's runtime recorded them (``flight_report``), each group also
 shows its ranks' last collectives and the requests they wait for. Pure functions, no processes: the
 detector (``hang_detector``) feeds them.
 """
@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..sampling.flight_report import format_ops, rank_list
+from ..sampling.flight_report import format_flight_record, rank_list
 
 __all__ = ["Frame", "RankSample", "ThreadStack", "blame", "format_report", "group_ranks", "parse_dump",
            "hang_reason", "progress_signature", "waiting_in_collective"]
@@ -79,7 +79,7 @@ class RankSample:
     cpu_s: float | None = None
     #: Seconds since its dump was last read (a frozen rank's stack is from before it froze).
     sampled_ago_s: float | None = None
-    #: What its runtime recorded in its ops file (recent collectives, pending requests, steps), if known.
+    #: What its runtime recorded in its flight record (recent collectives, pending requests, steps), if known.
     ops: dict | None = None
 
 
@@ -254,14 +254,14 @@ def format_report(samples: Sequence[RankSample], title: str, noun: str = "rank",
         for frame in thread.frames[:SHOWN_FRAMES] if thread else ():
             lines.append(f"    {frame.function} ({frame.file}:{frame.line})")
         for sample in [s for s in group if s.ops][:SHOWN_OPS_RANKS]:
-            lines.extend(f"  {noun} {sample.rank}: {line}" for line in format_ops(sample.ops, now))
+            lines.extend(f"  {noun} {sample.rank}: {line}" for line in format_flight_record(sample.ops, now))
     if blamed:
         lines.append(f"blamed: {rank_list(blamed, noun)}")
     full = ["\n".join(lines), ""]
     for sample in sorted(samples, key=lambda s: s.rank):
         pid = f", pid {sample.pid}" if sample.pid else ""
         full.append(f"==== {noun} {sample.rank} ({sample.state}{pid}) ====")
-        full.extend(format_ops(sample.ops, now) if sample.ops else [])
+        full.extend(format_flight_record(sample.ops, now) if sample.ops else [])
         full.append(sample.text.strip() or "(no stack)")
         full.append("")
     return lines, "\n".join(full) + "\n"

@@ -1,5 +1,5 @@
-"""What the engine (``runtime.engine``) is configured with, what each rank contributes to a cycle, and
-the texts of the errors it raises."""
+"""What each rank contributes to a negotiation cycle (``Announcement``), and the texts of the errors the
+engine raises. (What the engine is configured with is ``engine_settings``.)"""
 
 from __future__ import annotations
 
@@ -25,27 +25,6 @@ class Announcement:
     cached: bytes = b""
     #: What this rank's threads have been blocked on for a while: (request key, call site) pairs (``deadlock``).
     blocked: tuple = ()
-
-
-@dataclass(frozen=True)
-class EngineSettings:
-    """Timing knobs of the cycle and of the stall inspector."""
-
-    cycle_time_s: float = 0.001
-    stall_check_enabled: bool = True
-    stall_warning_s: float = 60.0
-    #: 0: never; otherwise requests stalled this long stop the job on every rank with an error.
-    stall_shutdown_s: float = 0.0
-    #: Bytes of allreduces packed into one collective (0: no fusion).
-    fusion_threshold: int = 128 * 1024 * 1024
-    #: Negotiated requests remembered so that repeating them costs one bit (0: no cache).
-    cache_capacity: int = 1024
-    #: 1: engines block until woken as soon as nothing is pending; more: only after that many consecutive
-    #: empty cycles. Every rank must use the same number (they go idle together).
-    idle_cycles: int = 1
-    #: Seconds every rank must stay blocked on requests that cannot complete before rank 0 declares the
-    #: job deadlocked (``TORCHRING_DEADLOCK_TIMEOUT``; 0: never).
-    deadlock_confirm_s: float = 5.0
 
 
 def response_backend_activity(response: Response) -> str:

@@ -1,7 +1,7 @@
 """The flight recorder: what this rank's collectives and optimizer steps were doing, in a file the
 launcher reads.
 
-When ``TORCHRING_OPS_FILE`` names a file (``torchring run`` sets it), ``init()`` opens a
+When ``TORCHRING_FLIGHT_RECORD`` names a file (``torchring run`` sets it), ``init()`` opens a
 ``FlightRecorder``: the engine notes the requests this rank submits and finishes and the collectives it
 starts and ends, ``DistributedOptimizer``'s gradient lane its bucket allreduces, the optimizer how long
 each step waited for its gradients. Recording is a dict update or a deque append, atomic under the GIL:
@@ -40,7 +40,7 @@ import time
 from collections.abc import Hashable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ...contract import OPS_FILE
+from ...contract import FLIGHT_RECORD_FILE
 from ..requests import OpType
 
 if TYPE_CHECKING:
@@ -283,11 +283,11 @@ def _short(op: str, name: str) -> str:
 
 
 def open_recorder(path: str | None, rank: int, size: int) -> Recorder:
-    """At ``init()``: a recorder writing to ``path`` (``Settings.ops_file``), else to the path an earlier
-    ``init()`` of this process claimed, else ``NULL_RECORDER``. ``TORCHRING_OPS_FILE`` leaves the
+    """At ``init()``: a recorder writing to ``path`` (``Settings.flight_record``), else to the path an earlier
+    ``init()`` of this process claimed, else ``NULL_RECORDER``. ``TORCHRING_FLIGHT_RECORD`` leaves the
     environment, so processes this rank starts do not write over its file."""
     global _claimed_path
-    os.environ.pop(OPS_FILE, None)
+    os.environ.pop(FLIGHT_RECORD_FILE, None)
     if path:
         _claimed_path = path
     path = path or _claimed_path

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from torchring.launch.sampling.flight_report import MAX_OPS_FILE_BYTES, format_ops, read_ops_file
+from torchring.launch.sampling.flight_report import MAX_FLIGHT_RECORD_BYTES, format_flight_record, read_flight_record
 
 NOW = 1_000_000.0
 
@@ -25,7 +25,7 @@ def test_last_collectives_and_what_the_rank_waits_for():
                 {"op": "allreduce", "name": "loss", "started_at": NOW - 35, "ended_at": None}],
         pending=[{"op": "allreduce", "name": "loss", "since": NOW - 35.2, "missing_ranks": [1, 3]},
                  {"op": "allreduce", "name": "gradient bucket 0 (4 tensors)", "since": NOW - 2, "missing_ranks": None}])
-    assert format_ops(content, NOW) == [
+    assert format_flight_record(content, NOW) == [
         "last collectives: allreduce 'grad.fc1.weight' (done 0.3 s ago), broadcast 'weights' (done 0.1 s ago), "
         "allreduce 'loss' (started 35 s ago, not done)",
         "waiting for other ranks: allreduce 'loss' since 35 s; not yet submitted by ranks 1,3",
@@ -34,12 +34,12 @@ def test_last_collectives_and_what_the_rank_waits_for():
 
 
 def test_nothing_recorded_gives_no_lines():
-    assert format_ops(ops(), NOW) == []
+    assert format_flight_record(ops(), NOW) == []
 
 
 def test_many_pending_requests_are_summed_up():
     pending = [{"op": "allreduce", "name": f"t{i}", "since": NOW - 5, "missing_ranks": [2]} for i in range(10)]
-    lines = format_ops(ops(pending=pending), NOW)
+    lines = format_flight_record(ops(pending=pending), NOW)
     assert len(lines) == 4 and lines[-1] == "and 7 more pending"
 
 
@@ -52,7 +52,7 @@ def test_many_pending_requests_are_summed_up():
         pending=[{"op": "allreduce", "name": "b"}, {"op": "allreduce", "name": "b", "since": [1]}, "c"]),
 ])
 def test_malformed_content_gives_fewer_lines_and_never_raises(content):
-    assert format_ops(content, NOW) == []
+    assert format_flight_record(content, NOW) == []
 
 
 def test_names_are_cut_and_cleaned_and_missing_ranks_validated():
@@ -60,31 +60,31 @@ def test_names_are_cut_and_cleaned_and_missing_ranks_validated():
                            "ended_at": NOW + 5}],
                   pending=[{"op": "allreduce", "name": "x", "since": NOW - 1, "missing_ranks": [1, "2", True, 3]},
                            {"op": "allreduce", "name": "y", "since": NOW - 1, "missing_ranks": list(range(100))}])
-    recent, first, second = format_ops(content, NOW)
+    recent, first, second = format_flight_record(content, NOW)
     assert recent == f"last collectives: allreduce? '{'n' * 79}…' (done 0.0 s ago)"  # a clock ahead counts as 0
     assert first.endswith("; not yet submitted by ranks 1,3")
     assert second.endswith("; not yet submitted by ranks " + ",".join(map(str, range(16))) + " (and 84 more)")
     assert all(line.isprintable() and len(line) < 400 for line in (recent, first, second))
 
 
-def test_read_ops_file_accepts_only_the_recorders_json(tmp_path):
+def test_read_flight_record_accepts_only_the_recorders_json(tmp_path):
     path = tmp_path / "ops.0"
     path.write_text(json.dumps(ops()))
-    assert read_ops_file(path) == ops()
-    assert read_ops_file(tmp_path / "missing") is None
+    assert read_flight_record(path) == ops()
+    assert read_flight_record(tmp_path / "missing") is None
     for bad in (b"{not json", b"\xff\xfe", b"[1, 2]", json.dumps({**ops(), "version": 2}).encode(),
                 b"[" * 100_000 + b"]" * 100_000, b'{"version": 1, "pid": ' + b"9" * 10_000 + b"}"):
         path.write_bytes(bad)
-        assert read_ops_file(path) is None, bad[:40]
+        assert read_flight_record(path) is None, bad[:40]
 
 
-def test_read_ops_file_refuses_an_oversized_file(tmp_path):
+def test_read_flight_record_refuses_an_oversized_file(tmp_path):
     path = tmp_path / "ops.0"
-    padding = "x" * MAX_OPS_FILE_BYTES
+    padding = "x" * MAX_FLIGHT_RECORD_BYTES
     path.write_text(json.dumps(ops(recent=[{"op": "allreduce", "name": padding, "started_at": NOW}])))
-    assert read_ops_file(path) is None
+    assert read_flight_record(path) is None
     path.write_text(json.dumps(ops(recent=[{"op": "allreduce", "name": "a" * 1000, "started_at": NOW}])))
-    assert read_ops_file(path)["recent"][0]["name"] == "a" * 1000
+    assert read_flight_record(path)["recent"][0]["name"] == "a" * 1000
 
 
 def test_progress_is_new_collectives_submissions_or_steps_not_a_rewrite_or_new_missing_ranks():

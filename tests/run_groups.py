@@ -10,6 +10,11 @@ logs are printed whole (each with its slowest tests and skip reasons). Then the 
 (tests/containers: a real Docker Engine, image builds) run alone, their output shown as it comes, and
 one line gives the totals of all three.
 
+Why not pytest-xdist: the multi-host tests share one session-scoped cluster of namespace hosts that
+must never have two users, so they have to stay in one worker, and the slow integration files still
+need the hand-made balance below; xdist's ``--dist loadgroup`` would add a dependency without removing
+either.
+
 Arguments are passed to every pytest run (``make test PYTEST_ARGS="-k launcher"``). Arguments that
 name test paths run just those, in one pytest run, as ``pytest ARGS`` would.
 """

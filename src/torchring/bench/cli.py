@@ -18,6 +18,7 @@ from typing import Any
 from ..launch.hosts import HostSlots, HostSpecError, assign_ranks, is_local_host, parse_hostfile, parse_hosts
 from ..launch.job import RunConfig, run_job
 from . import report
+from .control_plane import add_control_plane_arguments, run_control_plane
 from .models import MODELS
 from .options import FRAMEWORKS, CollectivesOptions, Options, TrainOptions, encode
 from .results import read_json, write_json_atomic
@@ -97,6 +98,13 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     _add_train_arguments(scaling)
     scaling.add_argument("--framework", choices=list(FRAMEWORKS), default="torchring",
                          help="framework to scale (default torchring)")
+
+    control_plane = modes.add_parser(
+        "control-plane", help="bytes and CPU time of one negotiation cycle per rank at N virtual ranks",
+        description="Run the engine's coordination code (response cache, announcement, negotiation, fusion "
+                    "plan) for N virtual ranks in this process and report what one cycle costs a rank, in "
+                    "a training loop's steady state and with new requests. No ranks are started.")
+    add_control_plane_arguments(control_plane)
 
 
 def _hosts(args: argparse.Namespace, num_proc: int) -> list[HostSlots]:
@@ -228,6 +236,11 @@ def _run_scaling(args: argparse.Namespace, hosts: list[HostSlots], options: Trai
 def run_bench(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     """Run the benchmark ``args.bench_mode`` asks for; usage errors raise ``BenchUsageError``/``HostSpecError``
     before any rank starts, a failed job raises ``BenchJobError``."""
+    if args.bench_mode == "control-plane":
+        try:
+            return run_control_plane(args)
+        except ValueError as error:
+            raise BenchUsageError(str(error)) from None
     _check_json_path(args.json_path)
     if args.bench_mode == "collectives":
         _at_least(args.num_proc, 1, "-np")

@@ -34,7 +34,7 @@ from ..metrics.counters import METRICS
 from ..rank_failure import install_excepthook
 from ..settings import Settings
 from ..store_auth import AuthenticatedStore, job_credentials
-from .coordination.control import ControlChannel
+from .coordination.control import ControlChannel, GlooControlChannel
 from .coordination.deadlock import Verdict
 from .coordination.engine_settings import EngineSettings
 from .coordination.topology import Topology, exchange_topology
@@ -290,7 +290,7 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
             if not members or any(not 0 <= r < info.size for r in members):
                 raise ValueError(f"process set ranks {list(members)} must be ranks of this job (size {info.size})")
         process_set_ids = [table.add(members) for members in process_sets or []]
-        control = ControlChannel(control_group, info.rank, info.size)
+        control = GlooControlChannel(control_group, info.rank, info.size)
         topology = exchange_topology(info, control)
         waker: Waker = LocalWaker()
         if info.size > 1:
@@ -367,7 +367,7 @@ def shutdown() -> None:
     runtime.recorder.close()
     for groups in runtime.process_sets.all_groups():
         groups.shutdown()
-    # The groups are dropped, not only shut down (``DataGroups.shutdown``, ``ControlChannel.close``), so
+    # The groups are dropped, not only shut down (``DataGroups.shutdown``, ``GlooControlChannel.close``), so
     # that they are destroyed now even while an optimizer's lane still refers to them, instead of at a
     # garbage collection, possibly the one at interpreter exit. A Gloo group's worker thread that then
     # releases its last finished work drops tensors whose Python objects need the interpreter lock,

@@ -16,7 +16,6 @@ some rank submits again or shuts down; that rank wakes the others through the st
 
 from __future__ import annotations
 
-import pickle
 import threading
 import time
 from collections.abc import Callable
@@ -25,7 +24,7 @@ from ..exceptions import HorovodInternalError, TensorMismatchError
 from ..metrics.counters import METRICS
 from ..rank_failure import note_peer_failure
 from .coordination.control import ControlChannel
-from .coordination.cycle import negotiate_cycle
+from .coordination.cycle import decode_announcements, encode_announcement, negotiate_cycle
 from .coordination.deadlock import DeadlockWatch, Verdict
 from .coordination.engine_settings import EngineSettings
 from .coordination.fusion import BatchPlanner
@@ -336,8 +335,7 @@ class Engine:
         return drained, self._shutdown_requested
 
     def _exchange(self, announcement: Announcement) -> list[Announcement]:
-        payloads = self._control.allgather_bytes(pickle.dumps(announcement, protocol=pickle.HIGHEST_PROTOCOL))
-        return [pickle.loads(payload) for payload in payloads]
+        return decode_announcements(self._control.allgather_bytes(encode_announcement(announcement)))
 
     def _perform(self, response: Response) -> None:
         if self.rank not in response.members and response.members:

@@ -1,24 +1,55 @@
-"""The control plane: a byte exchange among all ranks over a dedicated Gloo group."""
+"""The control plane: a byte exchange among all ranks. ``ControlChannel`` is the interface the engine
+and the topology exchange use; ``GlooControlChannel`` runs it over a dedicated Gloo group, and the
+control-plane simulator (``bench.control_plane``) drives the same engine code over virtual ranks.
+``allgather_wire_bytes`` says what one exchange moves through each rank."""
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
 
 _HEADER = struct.Struct("<Q")
+#: Bytes of the fixed slot each rank sends in every exchange (header + payload).
+SLOT_BYTES = 4096
 
 
-class ControlChannel:
-    """All-gathers one byte string per rank.
+class ControlChannel(Protocol):
+    """All-gathers one byte string per rank, in rank order. Collective: every rank calls it each time."""
+
+    rank: int
+    size: int
+
+    def allgather_bytes(self, payload: bytes) -> list[bytes]:
+        """Every rank's ``payload``, in rank order."""
+
+    def close(self) -> None:
+        """Stop using the channel (the engine calls this when it stops)."""
+
+
+def allgather_wire_bytes(payload_lengths: Sequence[int]) -> int:
+    """Bytes one rank sends plus receives in one ``GlooControlChannel.allgather_bytes`` whose payloads have
+    these lengths, counted as a ring allgather moves them: each rank sends and receives the other
+    ``N - 1`` slots, then the same again at the largest payload's width when one does not fit a slot."""
+    others = len(payload_lengths) - 1
+    total = 2 * others * SLOT_BYTES
+    if max(payload_lengths, default=0) > SLOT_BYTES - _HEADER.size:
+        total += 2 * others * max(payload_lengths)
+    return total
+
+
+class GlooControlChannel:
+    """All-gathers one byte string per rank over a Gloo group.
 
     Each rank sends a fixed-size slot holding a length header and its payload, so the common small
     exchange costs a single collective; a payload that does not fit is sent again in a second round
     sized for the largest payload.
     """
 
-    SLOT_BYTES = 4096
+    SLOT_BYTES = SLOT_BYTES
 
     def __init__(self, group: dist.ProcessGroup | None, rank: int, size: int) -> None:
         self.group = group

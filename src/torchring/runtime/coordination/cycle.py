@@ -4,10 +4,22 @@ timeline's negotiation marks."""
 
 from __future__ import annotations
 
+import pickle
+
 from ..observe.timeline import NullTimeline, TimelineWriter
 from .messages import Announcement
 from .negotiation import Negotiator, Response
 from .response_cache import ResponseCache
+
+
+def encode_announcement(announcement: Announcement) -> bytes:
+    """This rank's announcement as the bytes it sends on the control channel."""
+    return pickle.dumps(announcement, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode_announcements(payloads: list[bytes]) -> list[Announcement]:
+    """Every rank's announcement from what the control channel gathered."""
+    return [pickle.loads(payload) for payload in payloads]
 
 
 def negotiate_cycle(announcements: list[Announcement], negotiator: Negotiator, cache: ResponseCache,

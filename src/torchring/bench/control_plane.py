@@ -1,0 +1,192 @@
+"""``torchring bench control-plane``: what one negotiation cycle costs a rank at N ranks, without N processes.
+
+The engine's real coordination code runs for ``N`` virtual ranks in this process: each rank's requests go
+through its response cache (``ResponseCache.encode``) into an ``Announcement``, are encoded as the bytes the
+control channel carries (``cycle.encode_announcement``), gathered by a ``VirtualControlChannel`` (the
+``ControlChannel`` interface without a network), decoded and negotiated (``cycle.negotiate_cycle``, the
+``Negotiator`` over ``N`` ranks) and planned into fused batches (``BatchPlanner``), exactly as
+``Engine._run`` does per cycle. Every rank does the same work in the current design (there is no
+coordinator), so the CPU time is measured on rank 0; the other ranks' announcements are built outside the
+timed part. Bytes are what a rank sends plus receives on the wire (``control.allgather_wire_bytes``).
+
+Two kinds of cycle are measured: the **steady state** of a training loop (every rank repeats the same
+cached requests) and **new requests** (names no rank has announced before, as in a first step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from ..runtime.coordination.control import allgather_wire_bytes
+from ..runtime.coordination.cycle import decode_announcements, encode_announcement, negotiate_cycle
+from ..runtime.coordination.fusion import BatchPlanner
+from ..runtime.coordination.messages import Announcement
+from ..runtime.coordination.negotiation import Negotiator
+from ..runtime.coordination.response_cache import ResponseCache
+from ..runtime.observe.timeline import NullTimeline
+from ..runtime.requests import OpType, RequestMeta
+
+__all__ = ["CycleCosts", "VirtualControlChannel", "add_control_plane_arguments", "run_control_plane",
+           "simulate"]
+
+DEFAULT_VIRTUAL_RANKS = (8, 64, 512, 4096)
+#: Requests per steady-state cycle: a mid-sized model's gradient buckets and metric allreduces.
+DEFAULT_REQUESTS = 32
+#: New requests per new-request cycle.
+DEFAULT_NEW_REQUESTS = 4
+
+
+class VirtualControlChannel:
+    """``ControlChannel`` for one virtual rank: ``allgather_bytes`` returns the payloads the simulator posted
+    for the other ranks with this rank's own in its place, and counts the wire bytes of the exchange."""
+
+    def __init__(self, rank: int, size: int) -> None:
+        self.rank = rank
+        self.size = size
+        self.wire_bytes = 0
+        self._others: list[bytes] = []
+
+    def post(self, payloads: list[bytes]) -> None:
+        """Every rank's payload for the next exchange (this rank's entry is replaced by what it sends)."""
+        self._others = payloads
+
+    def allgather_bytes(self, payload: bytes) -> list[bytes]:
+        gathered = list(self._others)
+        gathered[self.rank] = payload
+        self.wire_bytes = allgather_wire_bytes([len(p) for p in gathered])
+        return gathered
+
+    def close(self) -> None:
+        self._others = []
+
+
+@dataclass(frozen=True)
+class CycleCosts:
+    """One rank's cost of a cycle at ``virtual_ranks`` ranks (medians over the measured cycles)."""
+
+    virtual_ranks: int
+    requests: int
+    new_requests: int
+    steady_bytes_per_rank: int
+    steady_cpu_s_per_cycle: float
+    new_request_bytes_per_rank: int
+    new_request_cpu_s_per_cycle: float
+
+
+class _Rank:
+    """The coordination state of one virtual rank, as an engine holds it."""
+
+    def __init__(self, rank: int, size: int, cache_capacity: int) -> None:
+        everyone = tuple(range(size))
+        self.cache = ResponseCache(cache_capacity, rank)
+        self.negotiator = Negotiator(size, lambda process_set: everyone if process_set == 0 else None)
+        self.planner = BatchPlanner(128 * 1024 * 1024)
+        self.channel = VirtualControlChannel(rank, size)
+
+    def announce(self, metas: Sequence[RequestMeta]) -> Announcement:
+        cached, misses = self.cache.encode(metas)
+        return Announcement(misses, False, -1, "", cached, ())
+
+    def cycle(self, metas: Sequence[RequestMeta]) -> int:
+        """One engine cycle; returns the number of responses released."""
+        payload = encode_announcement(self.announce(metas))
+        announcements = decode_announcements(self.channel.allgather_bytes(payload))
+        responses = negotiate_cycle(announcements, self.negotiator, self.cache, NullTimeline())
+        return sum(len(batch) for batch in self.planner.plan(responses))
+
+
+def _metas(names: Sequence[str], first_seq: int) -> list[RequestMeta]:
+    return [RequestMeta(name, OpType.ALLREDUCE, "float32", (1024,), 1, seq=first_seq + i)
+            for i, name in enumerate(names)]
+
+
+def _measure(rank: _Rank, metas: list[RequestMeta], size: int) -> tuple[int, float]:
+    """Run one cycle of ``metas`` on every virtual rank (the others' announcements untimed); return rank 0's
+    wire bytes and CPU seconds."""
+    other = encode_announcement(rank.announce(metas))  # the others repeat what rank 0 repeats
+    rank.channel.post([other] * size)
+    started = time.thread_time()
+    released = rank.cycle(metas)
+    spent = time.thread_time() - started
+    if released != len(metas):
+        raise AssertionError(f"{size} virtual ranks: {released} of {len(metas)} requests released")
+    return rank.channel.wire_bytes, spent
+
+
+def simulate(virtual_ranks: int, requests: int = DEFAULT_REQUESTS, new_requests: int = DEFAULT_NEW_REQUESTS,
+             cycles: int = 10, cache_capacity: int = 1024) -> CycleCosts:
+    """The cost of a steady-state and of a new-request cycle for one rank among ``virtual_ranks``."""
+    if virtual_ranks < 2:
+        raise ValueError("--virtual-ranks must be at least 2")
+    rank = _Rank(0, virtual_ranks, cache_capacity)
+    seq = 0
+    steady = _metas([f"grad.{i}" for i in range(requests)], seq)
+    _measure(rank, steady, virtual_ranks)  # first time: negotiated and cached
+    steady_samples = []
+    for _ in range(cycles):
+        seq += requests
+        steady_samples.append(_measure(rank, _metas([m.name for m in steady], seq), virtual_ranks))
+    new_samples = []
+    for cycle in range(cycles):
+        seq += requests
+        names = [f"new.{cycle}.{i}" for i in range(new_requests)]
+        new_samples.append(_measure(rank, _metas(names, seq), virtual_ranks))
+    return CycleCosts(
+        virtual_ranks=virtual_ranks, requests=requests, new_requests=new_requests,
+        steady_bytes_per_rank=int(statistics.median(b for b, _ in steady_samples)),
+        steady_cpu_s_per_cycle=statistics.median(c for _, c in steady_samples),
+        new_request_bytes_per_rank=int(statistics.median(b for b, _ in new_samples)),
+        new_request_cpu_s_per_cycle=statistics.median(c for _, c in new_samples),
+    )
+
+
+def add_control_plane_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``torchring bench control-plane``."""
+    parser.add_argument("--virtual-ranks", dest="virtual_ranks", type=int, action="append", metavar="N",
+                        help="simulate N ranks (repeat for several; default "
+                             f"{' '.join(map(str, DEFAULT_VIRTUAL_RANKS))})")
+    parser.add_argument("--requests", type=int, default=DEFAULT_REQUESTS,
+                        help=f"cached requests per steady-state cycle (default {DEFAULT_REQUESTS})")
+    parser.add_argument("--new-requests", dest="new_requests", type=int, default=DEFAULT_NEW_REQUESTS,
+                        help=f"new requests per new-request cycle (default {DEFAULT_NEW_REQUESTS})")
+    parser.add_argument("--cycles", type=int, default=10, help="measured cycles of each kind (default 10)")
+    parser.add_argument("--json", dest="json_lines", action="store_true",
+                        help="print one JSON object per N instead of the table")
+
+
+def _table(results: list[CycleCosts]) -> str:
+    lines = ["| virtual ranks | steady bytes/rank | steady CPU ms/cycle | new-request bytes/rank | "
+             "new-request CPU ms/cycle |",
+             "|---:|---:|---:|---:|---:|"]
+    for r in results:
+        lines.append(f"| {r.virtual_ranks} | {r.steady_bytes_per_rank:,} | {r.steady_cpu_s_per_cycle * 1e3:.3f} | "
+                     f"{r.new_request_bytes_per_rank:,} | {r.new_request_cpu_s_per_cycle * 1e3:.3f} |")
+    return "\n".join(lines)
+
+
+def run_control_plane(args: argparse.Namespace) -> int:
+    """Simulate every ``--virtual-ranks`` size in turn and print the table (or JSON lines)."""
+    sizes = args.virtual_ranks or list(DEFAULT_VIRTUAL_RANKS)
+    for flag, value in (("--requests", args.requests), ("--new-requests", args.new_requests),
+                        ("--cycles", args.cycles)):
+        if value < 1:
+            raise ValueError(f"{flag} must be at least 1, got {value}")
+    results = []
+    for size in sizes:
+        if not args.json_lines:
+            print(f"torchring bench control-plane: {size} virtual ranks", flush=True)
+        result = simulate(size, args.requests, args.new_requests, args.cycles)
+        results.append(result)
+        if args.json_lines:
+            print(json.dumps(asdict(result)), flush=True)
+    if not args.json_lines:
+        print(f"\n{args.requests} cached requests per steady-state cycle, {args.new_requests} new per new-request "
+              "cycle; bytes: sent + received by one rank on the control channel; CPU: one rank's engine work "
+              "(encode, exchange, decode, negotiate, plan)\n")
+        print(_table(results))
+    return 0

@@ -14,14 +14,16 @@ from .jobs import ROOT, run_job, wait_until_gone
 PARALLEL = ROOT / "tests" / "parallel"
 
 
-@pytest.mark.parametrize("num_proc, paths", [
-    (3, [PARALLEL]),
-    (2, [PARALLEL / "test_optimizer.py", PARALLEL / "test_gradient_lane.py", PARALLEL / "test_elastic_state.py"]),
+@pytest.mark.parametrize("num_proc, paths, probe", [
+    (3, [PARALLEL], "0"),
+    (2, [PARALLEL / "test_optimizer.py", PARALLEL / "test_gradient_lane.py", PARALLEL / "test_elastic_state.py"], "0"),
+    (3, [PARALLEL / "test_steady_state.py", PARALLEL / "test_cross_rank_checks.py", PARALLEL / "test_collectives.py"],
+     "1"),
 ])
-def test_parallel_suite(num_proc, paths):
+def test_parallel_suite(num_proc, paths, probe):
     result = run_job("run", "-np", str(num_proc), sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                      "--timeout", "120", *map(str, paths),
-                     env={"TORCHRING_PARALLEL_SUITE": "1"}, timeout=600)
+                     env={"TORCHRING_PARALLEL_SUITE": "1", "TORCHRING_CONTROL_PROBE": probe}, timeout=600)
     report = result.stdout + result.stderr
     assert result.returncode == 0, report[-20000:]
     for rank in range(num_proc):

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from torchring.bench.control_plane import VirtualControlChannel, simulate
-from torchring.runtime.coordination.control import SLOT_BYTES, allgather_wire_bytes
+from torchring.runtime.coordination.control import SLOT_BYTES, allgather_wire_bytes, and_wire_bytes
 
 
 def test_wire_bytes_count_a_ring_allgather_and_the_second_round_of_a_large_payload():
@@ -29,8 +29,16 @@ def test_every_cycle_releases_every_request_at_each_size():
     for size in (2, 8, 64):
         costs = simulate(size, requests=8, new_requests=3, cycles=3)
         assert costs.virtual_ranks == size
-        assert costs.steady_bytes_per_rank == allgather_wire_bytes([100] * size)  # everything fits one slot
+        # the probe: status, epoch, one word of cache bits and its complement (8 requests: 8 slots)
+        assert costs.steady_bytes_per_rank == and_wire_bytes(4, size)
+        assert costs.new_request_bytes_per_rank == allgather_wire_bytes([100] * size)  # each fits one slot
         assert costs.steady_cpu_s_per_cycle > 0 and costs.new_request_cpu_s_per_cycle > 0
+
+
+def test_the_steady_state_costs_the_same_bytes_at_any_size():
+    small, large = simulate(8, cycles=3), simulate(2048, cycles=3)
+    assert large.steady_bytes_per_rank <= 1024
+    assert large.new_request_bytes_per_rank > 100 * small.new_request_bytes_per_rank  # the all-gather: O(N)
 
 
 def test_json_lines_carry_the_documented_fields():

@@ -1,13 +1,14 @@
 """``torchring bench control-plane``: what one negotiation cycle costs a rank at N ranks, without N processes.
 
 The engine's real coordination code runs for ``N`` virtual ranks in this process: each rank's requests go
-through its response cache (``ResponseCache.encode``) into an ``Announcement``, are encoded as the bytes the
-control channel carries (``cycle.encode_announcement``), gathered by a ``VirtualControlChannel`` (the
-``ControlChannel`` interface without a network), decoded and negotiated (``cycle.negotiate_cycle``, the
-``Negotiator`` over ``N`` ranks) and planned into fused batches (``BatchPlanner``), exactly as
-``Engine._run`` does per cycle. Every rank does the same work in the current design (there is no
+through its response cache (``ResponseCache.encode``) into an ``Announcement``, which the engine's
+``CycleExchange`` settles (the probe of the steady state, else the all-gather of every announcement and
+``cycle.negotiate_cycle`` with the ``Negotiator`` over ``N`` ranks) through a ``VirtualControlChannel``
+(the ``ControlChannel`` interface without a network); the responses are planned into fused batches
+(``BatchPlanner``), exactly as ``Engine._run`` does per cycle. Every rank does the same work (there is no
 coordinator), so the CPU time is measured on rank 0; the other ranks' announcements are built outside the
-timed part. Bytes are what a rank sends plus receives on the wire (``control.allgather_wire_bytes``).
+timed part. Bytes are what a rank sends plus receives on the wire (``control.allgather_wire_bytes``,
+``control.and_wire_bytes``).
 
 Two kinds of cycle are measured: the **steady state** of a training loop (every rank repeats the same
 cached requests) and **new requests** (names no rank has announced before, as in a first step).
@@ -22,8 +23,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from ..runtime.coordination.control import allgather_wire_bytes
-from ..runtime.coordination.cycle import decode_announcements, encode_announcement, negotiate_cycle
+from ..runtime.coordination.control import allgather_wire_bytes, and_wire_bytes
+from ..runtime.coordination.cycle import encode_announcement
+from ..runtime.coordination.cycles import CycleExchange
 from ..runtime.coordination.fusion import BatchPlanner
 from ..runtime.coordination.messages import Announcement
 from ..runtime.coordination.negotiation import Negotiator
@@ -43,7 +45,8 @@ DEFAULT_NEW_REQUESTS = 4
 
 class VirtualControlChannel:
     """``ControlChannel`` for one virtual rank: ``allgather_bytes`` returns the payloads the simulator posted
-    for the other ranks with this rank's own in its place, and counts the wire bytes of the exchange."""
+    for the other ranks with this rank's own in its place; ``allreduce_and`` treats the other ranks as sending
+    what this one sends (the symmetric steady state). Both add their wire bytes to ``wire_bytes``."""
 
     def __init__(self, rank: int, size: int) -> None:
         self.rank = rank
@@ -58,8 +61,12 @@ class VirtualControlChannel:
     def allgather_bytes(self, payload: bytes) -> list[bytes]:
         gathered = list(self._others)
         gathered[self.rank] = payload
-        self.wire_bytes = allgather_wire_bytes([len(p) for p in gathered])
+        self.wire_bytes += allgather_wire_bytes([len(p) for p in gathered])
         return gathered
+
+    def allreduce_and(self, words: list[int]) -> list[int]:
+        self.wire_bytes += and_wire_bytes(len(words), self.size)
+        return list(words)
 
     def close(self) -> None:
         self._others = []
@@ -87,6 +94,7 @@ class _Rank:
         self.negotiator = Negotiator(size, lambda process_set: everyone if process_set == 0 else None)
         self.planner = BatchPlanner(128 * 1024 * 1024)
         self.channel = VirtualControlChannel(rank, size)
+        self.exchange = CycleExchange(self.channel, self.negotiator, self.cache)
 
     def announce(self, metas: Sequence[RequestMeta]) -> Announcement:
         cached, misses = self.cache.encode(metas)
@@ -94,9 +102,7 @@ class _Rank:
 
     def cycle(self, metas: Sequence[RequestMeta]) -> int:
         """One engine cycle; returns the number of responses released."""
-        payload = encode_announcement(self.announce(metas))
-        announcements = decode_announcements(self.channel.allgather_bytes(payload))
-        responses = negotiate_cycle(announcements, self.negotiator, self.cache, NullTimeline())
+        responses = self.exchange.run(self.announce(metas), NullTimeline()).responses
         return sum(len(batch) for batch in self.planner.plan(responses))
 
 
@@ -108,8 +114,10 @@ def _metas(names: Sequence[str], first_seq: int) -> list[RequestMeta]:
 def _measure(rank: _Rank, metas: list[RequestMeta], size: int) -> tuple[int, float]:
     """Run one cycle of ``metas`` on every virtual rank (the others' announcements untimed); return rank 0's
     wire bytes and CPU seconds."""
-    other = encode_announcement(rank.announce(metas))  # the others repeat what rank 0 repeats
+    # the others repeat what rank 0 repeats
+    other = encode_announcement(rank.exchange.with_settle(rank.announce(metas), NullTimeline()))
     rank.channel.post([other] * size)
+    rank.channel.wire_bytes = 0
     started = time.thread_time()
     released = rank.cycle(metas)
     spent = time.thread_time() - started

@@ -24,7 +24,7 @@ from ..exceptions import HorovodInternalError, TensorMismatchError
 from ..metrics.counters import METRICS
 from ..rank_failure import note_peer_failure
 from .coordination.control import ControlChannel
-from .coordination.cycle import decode_announcements, encode_announcement, negotiate_cycle
+from .coordination.cycles import CycleExchange
 from .coordination.deadlock import DeadlockWatch, Verdict
 from .coordination.engine_settings import EngineSettings
 from .coordination.fusion import BatchPlanner
@@ -75,6 +75,8 @@ class Engine:
         self._negotiator = Negotiator(size, process_sets.members)
         self._planner = BatchPlanner(settings.fusion_threshold)
         self.response_cache = ResponseCache(settings.cache_capacity, rank)
+        #: The cycle's exchange: a probe that settles the steady state, else the all-gather (``cycles``).
+        self._cycles = CycleExchange(control, self._negotiator, self.response_cache, settings.control_probe)
         self._cycle_started = 0.0
         #: True after a cycle that carried this rank's requests: the next one waits a full cycle time.
         self._pacing = False
@@ -197,8 +199,8 @@ class Engine:
                 announcement = Announcement(misses, shutting_down, self._woken_epoch, self._stall_abort, cached,
                                             self.deadlocks.announced())
                 negotiation_started = time.perf_counter()
-                announcements = self._exchange(announcement)
-                responses = negotiate_cycle(announcements, self._negotiator, self.response_cache, self.timeline)
+                outcome = self._cycles.run(announcement, self.timeline)
+                announcements, responses = outcome.announcements, outcome.responses
                 METRICS.phase("negotiation", time.perf_counter() - negotiation_started)
                 verdict = self.deadlocks.after_cycle(announcements, responses)
                 if verdict is not None and not self._stall_abort:
@@ -232,7 +234,7 @@ class Engine:
                 self._empty_cycles = self._empty_cycles + 1 if empty else 0
                 idle = self._goes_idle()  # the same on every rank
                 if self.rank == 0:
-                    self._forget_finished_epochs(min(a.listened_epoch for a in announcements))
+                    self._forget_finished_epochs(self._cycles.agreed_epoch)
         except BaseException as error:  # noqa: BLE001 - every failure must reach the waiting ranks
             self._failure = error
             self._note_peer_failure(f"collective failed: {error}")
@@ -258,6 +260,8 @@ class Engine:
         By default, as soon as nothing is left pending: a rank that submitted during this cycle finds its
         request queued and wakes the others itself. With ``TORCHRING_IDLE_AFTER_MS`` set, only after that
         many cycles' worth of empty cycles."""
+        if self._cycles.bits_kept:  # a rank waits for the others to announce its cached requests
+            return False
         if self._settings.idle_cycles <= 1:
             return not self._negotiator.pending
         return self._empty_cycles >= self._settings.idle_cycles
@@ -333,9 +337,6 @@ class Engine:
     def _drain(self) -> tuple[list[Request], bool]:
         drained, self._queue = self._queue, []
         return drained, self._shutdown_requested
-
-    def _exchange(self, announcement: Announcement) -> list[Announcement]:
-        return decode_announcements(self._control.allgather_bytes(encode_announcement(announcement)))
 
     def _perform(self, response: Response) -> None:
         if self.rank not in response.members and response.members:

@@ -26,8 +26,31 @@ class ControlChannel(Protocol):
     def allgather_bytes(self, payload: bytes) -> list[bytes]:
         """Every rank's ``payload``, in rank order."""
 
+    def allreduce_and(self, words: list[int]) -> list[int]:
+        """The bitwise AND over every rank of ``words`` (signed 64-bit integers, the same count everywhere)."""
+
     def close(self) -> None:
         """Stop using the channel (the engine calls this when it stops)."""
+
+
+def and_by_allgather(words: int, size: int) -> bool:
+    """Whether ``allreduce_and`` of ``words`` 64-bit words gathers them instead: while every rank's words
+    together fit one control slot, one all-gather step costs less than an allreduce's two (Gloo: about
+    0.8 ms against 1.7-2.3 ms for a few words at 2 ranks); beyond that the allreduce's size stays fixed."""
+    return size * words * 8 <= SLOT_BYTES
+
+
+def allreduce_wire_bytes(nbytes: int, size: int) -> int:
+    """Bytes one rank sends plus receives in an allreduce of ``nbytes`` over ``size`` ranks, counted as a
+    ring allreduce moves them (reduce-scatter then all-gather: ``2 (N - 1) / N`` of the buffer each way)."""
+    return 0 if size < 2 else round(4 * (size - 1) / size * nbytes)
+
+
+def and_wire_bytes(words: int, size: int) -> int:
+    """Bytes one rank sends plus receives in ``allreduce_and`` of ``words`` words over ``size`` ranks."""
+    if and_by_allgather(words, size):
+        return 2 * (size - 1) * words * 8
+    return allreduce_wire_bytes(8 * words, size)
 
 
 def allgather_wire_bytes(payload_lengths: Sequence[int]) -> int:
@@ -84,6 +107,23 @@ class GlooControlChannel:
         gathered = bytearray(width * self.size)
         self._allgather(torch.frombuffer(gathered, dtype=torch.uint8), torch.frombuffer(slot, dtype=torch.uint8))
         return [bytes(gathered[r * width:r * width + n]) for r, n in enumerate(lengths)]
+
+    def allreduce_and(self, words: list[int]) -> list[int]:
+        if self.size == 1:
+            return list(words)
+        assert self.group is not None
+        tensor = torch.tensor(words, dtype=torch.int64)
+        if and_by_allgather(len(words), self.size):
+            gathered = torch.empty(self.size * len(words), dtype=torch.int64)
+            self._allgather(gathered, tensor)
+            result = gathered[:len(words)].clone()
+            for rank in range(1, self.size):
+                result &= gathered[rank * len(words):(rank + 1) * len(words)]
+            return result.tolist()
+        options = dist.AllreduceOptions()
+        options.reduceOp = dist.ReduceOp.BAND
+        self.group.allreduce([tensor], options).wait()
+        return tensor.tolist()
 
     def close(self) -> None:
         """Drop the group (the engine calls this when it stops), so that it can be destroyed although

@@ -28,3 +28,5 @@ class EngineSettings:
     #: Seconds every rank must stay blocked on requests that cannot complete before rank 0 declares the
     #: job deadlocked (``TORCHRING_DEADLOCK_TIMEOUT``; 0: never).
     deadlock_confirm_s: float = 5.0
+    #: Settle steady-state cycles with the probe instead of the all-gather (``cycles``; rank 0's value).
+    control_probe: bool = False

@@ -25,6 +25,8 @@ class Announcement:
     cached: bytes = b""
     #: What this rank's threads have been blocked on for a while: (request key, call site) pairs (``deadlock``).
     blocked: tuple = ()
+    #: This rank could have settled the cycle without the all-gather (``cycles``): nothing but cache bits.
+    settle: bool = False
 
 
 def response_backend_activity(response: Response) -> str:

@@ -55,6 +55,11 @@ class ResponseCache:
     def __len__(self) -> int:
         return len(self._entries)
 
+    @property
+    def slot_span(self) -> int:
+        """One more than the highest slot ever used (the same on every rank): the width of a mask."""
+        return self._next_slot
+
     # ---- this rank's side -----------------------------------------------------------------------
 
     def encode(self, metas: Iterable[RequestMeta]) -> tuple[bytes, tuple[RequestMeta, ...]]:

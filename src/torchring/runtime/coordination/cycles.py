@@ -1,0 +1,163 @@
+"""How the ranks exchange one cycle's announcements: the steady state settled by one small allreduce,
+everything else by the all-gather of every rank's announcement.
+
+In a training loop's steady state every rank announces the same cached requests cycle after cycle. Then
+the all-gather (``4 KB × N`` through every rank, ``N`` decodes) carries nothing the ranks do not already
+share: the response cache is identical on every rank. So after a cycle in which every rank announced
+nothing but cache bits, the next cycle starts with a **probe**: one bitwise-AND allreduce of a few 64-bit
+words per rank, whose size depends on the number of cache slots in use, not on ``N``:
+
+- a status word: 1 where this rank may settle (only cache bits: no new request, no shutdown, no stall
+  abort, nothing blocked for the deadlock check, no joined rank, no timeline on rank 0);
+- the listened wake-up epoch as a thermometer code above the epoch all ranks agreed on last (the AND
+  gives the smallest step, so rank 0 can forget the wake-up keys every rank is done with);
+- the cache bits, and their complement (the AND of the complements tells which bits *any* rank set).
+
+When every status bit is set, the cycle is settled from the bits alone, on every rank alike: the bits
+every rank set are released exactly as the all-gather would have released them, and a rank whose bits
+not every rank set yet keeps them and announces them again next cycle (as Horovod's cache bits do), so
+ranks that submit a cached request a little apart cost a probe per cycle, not an all-gather. While some
+rank keeps bits, no engine goes idle. Bits kept longer than ``CARRY_LIMIT_S`` (or by a rank whose thread
+waits on them long enough for the deadlock check) go out in an all-gather, so the negotiation table, the
+stall inspector and the deadlock check see them as they do today. When a status bit is missing, the
+same announcement goes out in the all-gather in the same cycle. Whether the next cycle probes is
+decided from what every rank saw, so all ranks call the same collectives. A cycle with new requests
+costs the all-gather only (the probe is skipped after a cycle that had some), so a loop of uncached
+blocking operations pays no extra round trip.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+from ..observe.timeline import NullTimeline, TimelineWriter
+from .control import ControlChannel
+from .cycle import decode_announcements, encode_announcement, negotiate_cycle
+from .messages import Announcement
+from .negotiation import Negotiator, Response
+from .response_cache import ResponseCache
+
+__all__ = ["CycleExchange", "CycleOutcome"]
+
+_WORD_BITS = 64
+_FULL = (1 << _WORD_BITS) - 1
+#: Seconds a rank keeps cache bits not every rank announced before it sends them in an all-gather.
+CARRY_LIMIT_S = 0.5
+#: The thermometer code holds at most this many epochs; a larger gap is reported as this one.
+_MAX_EPOCH_STEP = _WORD_BITS - 1
+
+
+@dataclass(frozen=True)
+class CycleOutcome:
+    """What one cycle brought: every rank's announcement (a single stand-in for all of them when the probe
+    settled it) and the responses released, the same on every rank."""
+
+    announcements: list[Announcement]
+    responses: list[Response]
+    settled: bool
+
+
+def _signed(word: int) -> int:
+    return word - (1 << _WORD_BITS) if word >= 1 << (_WORD_BITS - 1) else word
+
+
+def _unsigned(word: int) -> int:
+    return word & _FULL
+
+
+def _to_bytes(mask: int) -> bytes:
+    return mask.to_bytes((mask.bit_length() + 7) // 8, "little") if mask else b""
+
+
+class CycleExchange:
+    """One engine's side of the cycle exchange; its state (``probing``, ``agreed_epoch``) is the same on
+    every rank because it is derived only from what every rank received."""
+
+    def __init__(self, channel: ControlChannel, negotiator: Negotiator, cache: ResponseCache,
+                 probe: bool = True) -> None:
+        self._channel = channel
+        #: Whether steady-state cycles may be settled by the probe at all (``TORCHRING_CONTROL_PROBE``).
+        self._probe_enabled = probe
+        self._negotiator = negotiator
+        self._cache = cache
+        #: Whether this cycle starts with the probe (the last one carried nothing but cache bits).
+        self.probing = False
+        #: The wake-up epoch every rank has finished listening to (rank 0 forgets the keys up to it).
+        self.agreed_epoch = -1
+        #: Cycles settled by the probe, probes that fell back to the all-gather, all-gathers.
+        self.settled_cycles = 0
+        self.failed_probes = 0
+        self.exchanges = 0
+        #: This rank's cache bits that not every rank announced yet (announced again each cycle), and since when.
+        self._kept = 0
+        self._kept_since = 0.0
+        #: Some rank keeps bits (the same on every rank): engines must not go idle.
+        self.bits_kept = False
+
+    def with_settle(self, announcement: Announcement, timeline: TimelineWriter | NullTimeline) -> Announcement:
+        """``announcement`` with the bits this rank keeps, saying whether it could settle the cycle from
+        cache bits alone."""
+        kept_too_long = bool(self._kept) and time.monotonic() - self._kept_since > CARRY_LIMIT_S
+        settle = (not announcement.metas and not announcement.shutting_down and not announcement.stall_abort
+                  and not announcement.blocked and not timeline.enabled and not self._negotiator.joined
+                  and not kept_too_long)
+        if self._kept:
+            mask = int.from_bytes(announcement.cached, "little") | self._kept
+            return replace(announcement, settle=settle, cached=_to_bytes(mask))
+        return replace(announcement, settle=settle)
+
+    def run(self, announcement: Announcement, timeline: TimelineWriter | NullTimeline) -> CycleOutcome:
+        """Exchange ``announcement`` with every rank and negotiate the cycle. Collective."""
+        announcement = self.with_settle(announcement, timeline)
+        if self.probing:
+            outcome = self._probe(announcement, timeline)
+            if outcome is not None:
+                self.settled_cycles += 1
+                return outcome
+            self.failed_probes += 1
+        self.exchanges += 1
+        self._kept, self.bits_kept = 0, False  # the all-gather carries them
+        announcements = decode_announcements(self._channel.allgather_bytes(encode_announcement(announcement)))
+        responses = negotiate_cycle(announcements, self._negotiator, self._cache, timeline)
+        self.probing = self._probe_enabled and all(a.settle for a in announcements)
+        self.agreed_epoch = max(self.agreed_epoch, min(a.listened_epoch for a in announcements))
+        return CycleOutcome(announcements, responses, settled=False)
+
+    def _probe(self, announcement: Announcement, timeline: TimelineWriter | NullTimeline) -> CycleOutcome | None:
+        words = -(-self._cache.slot_span // _WORD_BITS)
+        mask = int.from_bytes(announcement.cached, "little")
+        step = min(_MAX_EPOCH_STEP, max(0, announcement.listened_epoch - self.agreed_epoch))
+        chunks = [(mask >> (_WORD_BITS * i)) & _FULL for i in range(words)]
+        vector = [int(announcement.settle), (1 << step) - 1, *map(_signed, chunks),
+                  *(_signed(~chunk & _FULL) for chunk in chunks)]
+        result = self._channel.allreduce_and(vector)
+        status, epochs, every, nobody = result[0], _unsigned(result[1]), result[2:2 + words], result[2 + words:]
+        common = sum(_unsigned(w) << (_WORD_BITS * i) for i, w in enumerate(every))
+        anyone = sum((~_unsigned(w) & _FULL) << (_WORD_BITS * i) for i, w in enumerate(nobody))
+        if status != 1:
+            return None
+        self.agreed_epoch += epochs.bit_length()  # the AND of thermometer codes is the smallest one
+        kept = mask & ~common
+        if kept and not self._kept:
+            self._kept_since = time.monotonic()
+        self._kept, self.bits_kept = kept, anyone != common
+        responses = self._settle(common, timeline)
+        stand_in = Announcement((), False, self.agreed_epoch, "", _to_bytes(anyone), (), True)
+        return CycleOutcome([stand_in], responses, settled=True)
+
+    def _settle(self, common: int, timeline: TimelineWriter | NullTimeline) -> list[Response]:
+        """The responses of a cycle in which every rank announced the cache bits ``common``: what
+        ``negotiate_cycle`` releases for identical masks, without looking at each rank."""
+        timeline.mark_cycle()
+        if not common:
+            return self._negotiator.take_ready()
+        mask = _to_bytes(common)
+        repeated, rest = self._cache.take_common([mask], self._negotiator.pending)
+        if rest[0]:  # cached requests that still need the table (groups, process sets): every rank's
+            for rank in range(self._negotiator.size):
+                self._negotiator.record(rank, self._cache.decode(rank, rest[0]))
+        responses = self._negotiator.take_ready()
+        for response in responses:
+            self._cache.record(response)
+        return [*repeated, *responses]

@@ -1,0 +1,135 @@
+"""``CycleExchange``: when the probe settles a cycle, when it falls back to the all-gather, and that both
+release the same responses. The ranks here are this process's own ``ControlChannel``s over a shared
+board (the interface the engine uses; the Gloo implementation runs in tests/parallel)."""
+
+from __future__ import annotations
+
+import threading
+
+from torchring.runtime.coordination.cycles import CycleExchange
+from torchring.runtime.coordination.messages import Announcement
+from torchring.runtime.coordination.negotiation import Negotiator
+from torchring.runtime.coordination.response_cache import ResponseCache
+from torchring.runtime.observe.timeline import NullTimeline
+from torchring.runtime.requests import OpType, RequestMeta
+
+SIZE = 3
+
+
+class _Board:
+    """What every rank contributed to the current collective; a barrier hands out the result."""
+
+    def __init__(self, size: int) -> None:
+        self.values: list = [None] * size
+        self.barrier = threading.Barrier(size)
+
+
+class _ThreadChannel:
+    def __init__(self, board: _Board, rank: int) -> None:
+        self.board, self.rank, self.size = board, rank, len(board.values)
+        self.collectives: list[str] = []
+
+    def _collect(self, value):
+        self.board.values[self.rank] = value
+        self.board.barrier.wait()
+        values = list(self.board.values)
+        self.board.barrier.wait()
+        return values
+
+    def allgather_bytes(self, payload: bytes) -> list[bytes]:
+        self.collectives.append("allgather")
+        return self._collect(payload)
+
+    def allreduce_and(self, words: list[int]) -> list[int]:
+        self.collectives.append("probe")
+        result = list(words)
+        for other in self._collect(words):
+            result = [a & b for a, b in zip(result, other, strict=True)]
+        return result
+
+    def close(self) -> None:
+        pass
+
+
+def _meta(name: str, seq: int) -> RequestMeta:
+    return RequestMeta(name, OpType.ALLREDUCE, "float32", (4,), 1, seq=seq)
+
+
+class _Rank:
+    def __init__(self, board: _Board, rank: int) -> None:
+        everyone = tuple(range(SIZE))
+        self.channel = _ThreadChannel(board, rank)
+        self.cache = ResponseCache(64, rank)
+        self.negotiator = Negotiator(SIZE, lambda process_set: everyone if process_set == 0 else None)
+        self.exchange = CycleExchange(self.channel, self.negotiator, self.cache)
+        self.seq = 0
+
+    def cycle(self, names: list[str]) -> list[str]:
+        metas = [_meta(name, self.seq + i) for i, name in enumerate(names)]
+        self.seq += len(names)
+        cached, misses = self.cache.encode(metas)
+        outcome = self.exchange.run(Announcement(misses, False, -1, "", cached, ()), NullTimeline())
+        return [response.name for response in outcome.responses]
+
+
+def _run(plan: list[list[list[str]]]) -> tuple[list[list[list[str]]], list[_Rank]]:
+    """``plan[cycle][rank]``: the names each rank submits; returns the names released per cycle and rank."""
+    board = _Board(SIZE)
+    ranks = [_Rank(board, r) for r in range(SIZE)]
+    released: list[list[list[str]]] = [[[] for _ in range(SIZE)] for _ in plan]
+
+    def work(rank: _Rank) -> None:
+        for index, cycle in enumerate(plan):
+            released[index][rank.channel.rank] = rank.cycle(cycle[rank.channel.rank])
+
+    threads = [threading.Thread(target=work, args=(rank,)) for rank in ranks]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    return released, ranks
+
+
+def test_repeated_requests_are_settled_by_the_probe_after_one_all_gather():
+    every = [["a", "b"]] * SIZE
+    released, ranks = _run([every] * 5)
+    assert all(sorted(names) == ["a", "b"] for cycle in released for names in cycle)
+    for rank in ranks:
+        # new names, then the first repeat (all-gather, which says every rank could settle), then probes
+        assert rank.channel.collectives == ["allgather", "allgather", "probe", "probe", "probe"]
+        assert rank.exchange.settled_cycles == 3
+
+
+def test_ranks_that_announce_a_cached_request_apart_keep_their_bits_and_settle_without_an_all_gather():
+    every = [["a"]] * SIZE
+    late = [["a"], ["a"], []]  # rank 2 has not submitted 'a' yet
+    released, ranks = _run([every, every, every, late, [[], [], ["a"]], every])
+    assert released[3] == [[], [], []]  # ranks 0 and 1 keep their bit
+    assert released[4] == [["a"]] * SIZE  # released once rank 2 announced it
+    assert released[5] == [["a"]] * SIZE
+    for rank in ranks:
+        assert rank.channel.collectives[2:] == ["probe"] * 4
+        assert not rank.exchange.bits_kept and rank.exchange.failed_probes == 0
+
+
+def test_bits_kept_too_long_go_out_in_an_all_gather_and_are_negotiated(monkeypatch):
+    from torchring.runtime.coordination import cycles
+    monkeypatch.setattr(cycles, "CARRY_LIMIT_S", 0.0)
+    every = [["a"]] * SIZE
+    late = [["a"], ["a"], []]
+    released, ranks = _run([every, every, every, late, [[], [], []], [[], [], ["a"]]])
+    assert released[4] == [[], [], []] and released[5] == [["a"]] * SIZE
+    for rank in ranks:
+        assert rank.exchange.bits_kept is False
+        # the kept bits made ranks 0 and 1 refuse to settle: the probe fell back to the all-gather
+        assert rank.channel.collectives[4:6] == ["probe", "allgather"]
+        assert rank.exchange.failed_probes == 1
+
+
+def test_new_requests_after_the_steady_state_cost_one_all_gather_per_cycle():
+    every = [["a"]] * SIZE
+    released, ranks = _run([every, every, every, [["n1"]] * SIZE, [["n2"]] * SIZE, every])
+    assert released[3] == [["n1"]] * SIZE and released[4] == [["n2"]] * SIZE
+    for rank in ranks:
+        # the probe fails once, then cycles with new requests go straight to the all-gather
+        assert rank.channel.collectives[2:6] == ["probe", "probe", "allgather", "allgather"]

@@ -36,7 +36,7 @@ from .control import ControlChannel
 from .cycle import decode_announcements, encode_announcement, negotiate_cycle
 from .messages import Announcement
 from .negotiation import Negotiator, Response
-from .response_cache import ResponseCache
+from .response_cache import ResponseCache, mask_to_bytes
 
 __all__ = ["CycleExchange", "CycleOutcome"]
 
@@ -64,10 +64,6 @@ def _signed(word: int) -> int:
 
 def _unsigned(word: int) -> int:
     return word & _FULL
-
-
-def _to_bytes(mask: int) -> bytes:
-    return mask.to_bytes((mask.bit_length() + 7) // 8, "little") if mask else b""
 
 
 class CycleExchange:
@@ -104,7 +100,7 @@ class CycleExchange:
                   and not kept_too_long)
         if self._kept:
             mask = int.from_bytes(announcement.cached, "little") | self._kept
-            return replace(announcement, settle=settle, cached=_to_bytes(mask))
+            return replace(announcement, settle=settle, cached=mask_to_bytes(mask))
         return replace(announcement, settle=settle)
 
     def run(self, announcement: Announcement, timeline: TimelineWriter | NullTimeline) -> CycleOutcome:
@@ -143,7 +139,7 @@ class CycleExchange:
             self._kept_since = time.monotonic()
         self._kept, self.bits_kept = kept, anyone != common
         responses = self._settle(common, timeline)
-        stand_in = Announcement((), False, self.agreed_epoch, "", _to_bytes(anyone), (), True)
+        stand_in = Announcement((), False, self.agreed_epoch, "", mask_to_bytes(anyone), (), True)
         return CycleOutcome([stand_in], responses, settled=True)
 
     def _settle(self, common: int, timeline: TimelineWriter | NullTimeline) -> list[Response]:
@@ -152,7 +148,7 @@ class CycleExchange:
         timeline.mark_cycle()
         if not common:
             return self._negotiator.take_ready()
-        mask = _to_bytes(common)
+        mask = mask_to_bytes(common)
         repeated, rest = self._cache.take_common([mask], self._negotiator.pending)
         if rest[0]:  # cached requests that still need the table (groups, process sets): every rank's
             for rank in range(self._negotiator.size):

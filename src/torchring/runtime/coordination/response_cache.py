@@ -74,7 +74,7 @@ class ResponseCache:
             else:
                 mask |= 1 << slot
                 self.hits += 1
-        return _to_bytes(mask), tuple(misses)
+        return mask_to_bytes(mask), tuple(misses)
 
     # ---- every rank's side ----------------------------------------------------------------------
 
@@ -101,7 +101,7 @@ class ResponseCache:
             self._entries.move_to_end(slot)
         if not taken:
             return [], masks
-        return ready, [_to_bytes(value & ~taken) for value in values]
+        return ready, [mask_to_bytes(value & ~taken) for value in values]
 
     def record(self, response: Response) -> None:
         """Remember a response that ran; call it on every rank for the same responses in the same order."""
@@ -154,7 +154,8 @@ def _set_bits(mask: bytes) -> Iterator[int]:
     return _bits(int.from_bytes(mask, "little"))
 
 
-def _to_bytes(value: int) -> bytes:
+def mask_to_bytes(value: int) -> bytes:
+    """A cache bit mask as the little-endian bytes an announcement carries (empty for no bits)."""
     return value.to_bytes((value.bit_length() + 7) // 8, "little") if value else b""
 
 

@@ -6,11 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from torchring.runtime.coordination.cycles import CycleExchange
-from torchring.runtime.coordination.messages import Announcement
-from torchring.runtime.coordination.negotiation import Negotiator
-from torchring.runtime.coordination.response_cache import ResponseCache
-from torchring.runtime.observe.timeline import NullTimeline
+from torchring.bench.control_plane import VirtualRank
 from torchring.runtime.requests import OpType, RequestMeta
 
 SIZE = 3
@@ -55,21 +51,15 @@ def _meta(name: str, seq: int) -> RequestMeta:
     return RequestMeta(name, OpType.ALLREDUCE, "float32", (4,), 1, seq=seq)
 
 
-class _Rank:
+class _Rank(VirtualRank):
     def __init__(self, board: _Board, rank: int) -> None:
-        everyone = tuple(range(SIZE))
-        self.channel = _ThreadChannel(board, rank)
-        self.cache = ResponseCache(64, rank)
-        self.negotiator = Negotiator(SIZE, lambda process_set: everyone if process_set == 0 else None)
-        self.exchange = CycleExchange(self.channel, self.negotiator, self.cache)
+        super().__init__(rank, SIZE, 64, _ThreadChannel(board, rank))
         self.seq = 0
 
     def cycle(self, names: list[str]) -> list[str]:
         metas = [_meta(name, self.seq + i) for i, name in enumerate(names)]
         self.seq += len(names)
-        cached, misses = self.cache.encode(metas)
-        outcome = self.exchange.run(Announcement(misses, False, -1, "", cached, ()), NullTimeline())
-        return [response.name for response in outcome.responses]
+        return [response.name for response in self.run_cycle(metas)]
 
 
 def _run(plan: list[list[list[str]]]) -> tuple[list[list[list[str]]], list[_Rank]]:

@@ -23,17 +23,17 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from ..runtime.coordination.control import allgather_wire_bytes, and_wire_bytes
+from ..runtime.coordination.control import ControlChannel, allgather_wire_bytes, and_wire_bytes
 from ..runtime.coordination.cycle import encode_announcement
 from ..runtime.coordination.cycles import CycleExchange
 from ..runtime.coordination.fusion import BatchPlanner
 from ..runtime.coordination.messages import Announcement
-from ..runtime.coordination.negotiation import Negotiator
+from ..runtime.coordination.negotiation import Negotiator, Response
 from ..runtime.coordination.response_cache import ResponseCache
 from ..runtime.observe.timeline import NullTimeline
 from ..runtime.requests import OpType, RequestMeta
 
-__all__ = ["CycleCosts", "VirtualControlChannel", "add_control_plane_arguments", "run_control_plane",
+__all__ = ["CycleCosts", "VirtualControlChannel", "VirtualRank", "add_control_plane_arguments", "run_control_plane",
            "simulate"]
 
 DEFAULT_VIRTUAL_RANKS = (8, 64, 512, 4096)
@@ -85,25 +85,26 @@ class CycleCosts:
     new_request_cpu_s_per_cycle: float
 
 
-class _Rank:
-    """The coordination state of one virtual rank, as an engine holds it."""
+class VirtualRank:
+    """The coordination state of one virtual rank, as an engine holds it, over ``channel`` (a
+    ``VirtualControlChannel`` unless given)."""
 
-    def __init__(self, rank: int, size: int, cache_capacity: int) -> None:
+    def __init__(self, rank: int, size: int, cache_capacity: int, channel: ControlChannel | None = None) -> None:
         everyone = tuple(range(size))
         self.cache = ResponseCache(cache_capacity, rank)
         self.negotiator = Negotiator(size, lambda process_set: everyone if process_set == 0 else None)
         self.planner = BatchPlanner(128 * 1024 * 1024)
-        self.channel = VirtualControlChannel(rank, size)
+        self.channel = channel if channel is not None else VirtualControlChannel(rank, size)
         self.exchange = CycleExchange(self.channel, self.negotiator, self.cache)
 
     def announce(self, metas: Sequence[RequestMeta]) -> Announcement:
         cached, misses = self.cache.encode(metas)
         return Announcement(misses, False, -1, "", cached, ())
 
-    def cycle(self, metas: Sequence[RequestMeta]) -> int:
-        """One engine cycle; returns the number of responses released."""
+    def run_cycle(self, metas: Sequence[RequestMeta]) -> list[Response]:
+        """One engine cycle: the responses released, as the fusion planner orders them."""
         responses = self.exchange.run(self.announce(metas), NullTimeline()).responses
-        return sum(len(batch) for batch in self.planner.plan(responses))
+        return [response for batch in self.planner.plan(responses) for response in batch]
 
 
 def _metas(names: Sequence[str], first_seq: int) -> list[RequestMeta]:
@@ -111,7 +112,7 @@ def _metas(names: Sequence[str], first_seq: int) -> list[RequestMeta]:
             for i, name in enumerate(names)]
 
 
-def _measure(rank: _Rank, metas: list[RequestMeta], size: int) -> tuple[int, float]:
+def _measure(rank: VirtualRank, metas: list[RequestMeta], size: int) -> tuple[int, float]:
     """Run one cycle of ``metas`` on every virtual rank (the others' announcements untimed); return rank 0's
     wire bytes and CPU seconds."""
     # the others repeat what rank 0 repeats
@@ -119,7 +120,7 @@ def _measure(rank: _Rank, metas: list[RequestMeta], size: int) -> tuple[int, flo
     rank.channel.post([other] * size)
     rank.channel.wire_bytes = 0
     started = time.thread_time()
-    released = rank.cycle(metas)
+    released = len(rank.run_cycle(metas))
     spent = time.thread_time() - started
     if released != len(metas):
         raise AssertionError(f"{size} virtual ranks: {released} of {len(metas)} requests released")
@@ -131,7 +132,7 @@ def simulate(virtual_ranks: int, requests: int = DEFAULT_REQUESTS, new_requests:
     """The cost of a steady-state and of a new-request cycle for one rank among ``virtual_ranks``."""
     if virtual_ranks < 2:
         raise ValueError("--virtual-ranks must be at least 2")
-    rank = _Rank(0, virtual_ranks, cache_capacity)
+    rank = VirtualRank(0, virtual_ranks, cache_capacity)
     seq = 0
     steady = _metas([f"grad.{i}" for i in range(requests)], seq)
     _measure(rank, steady, virtual_ranks)  # first time: negotiated and cached

@@ -175,9 +175,9 @@ VARIABLES: tuple[Variable, ...] = (
          "torchring run --spares)"),
     _own(contract.FLIGHT_RECORD_FILE, _text, None,
          "the flight recorder writes this rank's last collectives and step times here (set by torchring run)"),
-    _own("CONTROL_PROBE", _flag, False,
-         "experimental: settle steady-state cycles with one small AND collective instead of the all-gather "
-         "(rank 0's value applies; see docs/scale.md)"),
+    _own("CONTROL_PROBE", _flag, True,
+         "settle steady-state cycles with one small AND collective instead of the all-gather; 0: always "
+         "all-gather (rank 0's value applies; see docs/scale.md)"),
     _own("HANG_TIMEOUT", _non_negative, 300.0,
          "read by torchring run: seconds without progress before the hang detector ends the job; 0: off "
          "(--hang-timeout wins)"),
@@ -229,7 +229,7 @@ class Settings:
     elastic_timeout: float = 600.0
     elastic_spare: bool = False
     flight_record: str | None = None
-    control_probe: bool = False
+    control_probe: bool = True
     hang_timeout: float = 300.0
 
     @classmethod

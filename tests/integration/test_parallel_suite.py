@@ -1,5 +1,6 @@
 """Runs tests/parallel on every rank of real jobs (Gloo on loopback): all of it at 3 ranks (an odd size,
-where uneven splits show), and the optimizer, bucket-lane and elastic tests at 2 ranks too. (The whole
+where uneven splits show), the optimizer, bucket-lane and elastic tests at 2 ranks too, and the checks,
+collectives and optimizer at 3 ranks with the steady-state probe off (every cycle an all-gather). (The whole
 suite at 2 ranks: ``torchring run -np 2 python -m pytest tests/parallel`` with TORCHRING_PARALLEL_SUITE=1.)"""
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ PARALLEL = ROOT / "tests" / "parallel"
 
 
 @pytest.mark.parametrize("num_proc, paths, probe", [
-    (3, [PARALLEL], "0"),
-    (2, [PARALLEL / "test_optimizer.py", PARALLEL / "test_gradient_lane.py", PARALLEL / "test_elastic_state.py"], "0"),
-    (3, [PARALLEL / "test_steady_state.py", PARALLEL / "test_cross_rank_checks.py", PARALLEL / "test_collectives.py"],
-     "1"),
+    (3, [PARALLEL], "1"),
+    (2, [PARALLEL / "test_optimizer.py", PARALLEL / "test_gradient_lane.py", PARALLEL / "test_elastic_state.py"], "1"),
+    # the all-gather alone (TORCHRING_CONTROL_PROBE=0), as every cycle ran before the probe
+    (3, [PARALLEL / "test_cross_rank_checks.py", PARALLEL / "test_collectives.py", PARALLEL / "test_optimizer.py"],
+     "0"),
 ])
 def test_parallel_suite(num_proc, paths, probe):
     result = run_job("run", "-np", str(num_proc), sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",

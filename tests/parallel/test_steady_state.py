@@ -22,7 +22,7 @@ def _steady_loop(rank, size, steps=20):
 
 def test_a_loop_of_cached_requests_is_settled_by_the_probe(rank, size):
     if not settings.read("CONTROL_PROBE"):
-        pytest.skip("TORCHRING_CONTROL_PROBE is off (test_parallel_suite runs this file with it on)")
+        pytest.skip("TORCHRING_CONTROL_PROBE=0 (test_parallel_suite runs this file with the default too)")
     before = _exchange().settled_cycles
     _steady_loop(rank, size)
     assert _exchange().settled_cycles > before

@@ -123,3 +123,15 @@ def test_new_requests_after_the_steady_state_cost_one_all_gather_per_cycle():
     for rank in ranks:
         # the probe fails once, then cycles with new requests go straight to the all-gather
         assert rank.channel.collectives[2:6] == ["probe", "probe", "allgather", "allgather"]
+
+
+def test_a_cached_request_left_in_the_table_by_an_all_gather_is_completed_by_the_next_all_gather():
+    every = [["a"]] * SIZE
+    late = [["a"], ["a"], []]  # the first repeat goes out in an all-gather, without rank 2
+    released, ranks = _run([every, late, [[], [], ["a"]], every])
+    assert released[1] == [[], [], []]
+    assert released[2] == [["a"]] * SIZE  # at once, not after CARRY_LIMIT_S
+    for rank in ranks:
+        # a probe would leave rank 2's bit outside the table where ranks 0 and 1 wait for it
+        assert rank.channel.collectives[:3] == ["allgather"] * 3
+        assert not rank.exchange.bits_kept

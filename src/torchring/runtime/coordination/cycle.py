@@ -41,9 +41,30 @@ def negotiate_cycle(announcements: list[Announcement], negotiator: Negotiator, c
                     timeline.negotiate_start(meta.name, meta.op_type.value)
                 timeline.negotiate_rank_ready(meta.name, rank)
         negotiator.record(rank, metas)
+    responses = _release(negotiator, cache, timeline)
+    return [*repeated, *responses] if repeated else responses
+
+
+def negotiate_common(mask: bytes, negotiator: Negotiator, cache: ResponseCache,
+                     timeline: TimelineWriter | NullTimeline) -> list[Response]:
+    """What ``negotiate_cycle`` releases when every rank announced the cache bits ``mask`` and nothing
+    else (a cycle settled by the steady-state probe), without a list of N announcements."""
+    timeline.mark_cycle()
+    if not mask:
+        return _release(negotiator, cache, timeline)
+    repeated, rest = cache.take_common([mask], negotiator.pending)
+    if rest[0]:  # cached requests that still need the table (groups, process sets): every rank's
+        for rank in range(negotiator.size):
+            negotiator.record(rank, cache.decode(rank, rest[0]))
+    return [*repeated, *_release(negotiator, cache, timeline)]
+
+
+def _release(negotiator: Negotiator, cache: ResponseCache,
+             timeline: TimelineWriter | NullTimeline) -> list[Response]:
+    """The requests the table holds from every rank now, recorded in the cache."""
     responses = negotiator.take_ready()
     for response in responses:
         if timeline.enabled:
             timeline.negotiate_end(response.name)
         cache.record(response)
-    return [*repeated, *responses] if repeated else responses
+    return responses

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 
 from ..observe.timeline import NullTimeline, TimelineWriter
 from .control import ControlChannel
-from .cycle import decode_announcements, encode_announcement, negotiate_cycle
+from .cycle import decode_announcements, encode_announcement, negotiate_common, negotiate_cycle
 from .messages import Announcement
 from .negotiation import Negotiator, Response
 from .response_cache import ResponseCache, mask_to_bytes
@@ -116,7 +116,11 @@ class CycleExchange:
         self._kept, self.bits_kept = 0, False  # the all-gather carries them
         announcements = decode_announcements(self._channel.allgather_bytes(encode_announcement(announcement)))
         responses = negotiate_cycle(announcements, self._negotiator, self._cache, timeline)
-        self.probing = self._probe_enabled and all(a.settle for a in announcements)
+        # A request left in the table waits for ranks that announce it in an all-gather; a probe would
+        # keep their bits away from the table until ``CARRY_LIMIT_S``, so the next cycle probes only
+        # when the table is empty.
+        self.probing = (self._probe_enabled and all(a.settle for a in announcements)
+                        and not self._negotiator.pending)
         self.agreed_epoch = max(self.agreed_epoch, min(a.listened_epoch for a in announcements))
         return CycleOutcome(announcements, responses, settled=False)
 
@@ -138,22 +142,6 @@ class CycleExchange:
         if kept and not self._kept:
             self._kept_since = time.monotonic()
         self._kept, self.bits_kept = kept, anyone != common
-        responses = self._settle(common, timeline)
+        responses = negotiate_common(mask_to_bytes(common), self._negotiator, self._cache, timeline)
         stand_in = Announcement((), False, self.agreed_epoch, "", mask_to_bytes(anyone), (), True)
         return CycleOutcome([stand_in], responses, settled=True)
-
-    def _settle(self, common: int, timeline: TimelineWriter | NullTimeline) -> list[Response]:
-        """The responses of a cycle in which every rank announced the cache bits ``common``: what
-        ``negotiate_cycle`` releases for identical masks, without looking at each rank."""
-        timeline.mark_cycle()
-        if not common:
-            return self._negotiator.take_ready()
-        mask = mask_to_bytes(common)
-        repeated, rest = self._cache.take_common([mask], self._negotiator.pending)
-        if rest[0]:  # cached requests that still need the table (groups, process sets): every rank's
-            for rank in range(self._negotiator.size):
-                self._negotiator.record(rank, self._cache.decode(rank, rest[0]))
-        responses = self._negotiator.take_ready()
-        for response in responses:
-            self._cache.record(response)
-        return [*repeated, *responses]

@@ -29,4 +29,4 @@ class EngineSettings:
     #: job deadlocked (``TORCHRING_DEADLOCK_TIMEOUT``; 0: never).
     deadlock_confirm_s: float = 5.0
     #: Settle steady-state cycles with the probe instead of the all-gather (``cycles``; rank 0's value).
-    control_probe: bool = False
+    control_probe: bool = True

@@ -178,6 +178,9 @@ VARIABLES: tuple[Variable, ...] = (
     _own("CONTROL_PROBE", _flag, True,
          "settle steady-state cycles with one small AND collective instead of the all-gather; 0: always "
          "all-gather (rank 0's value applies; see docs/scale.md)"),
+    _own("CONTROL_GATHER_RANKS", _count, 16,
+         "from this many ranks on, cycles with new requests go through rank 0 (gather, then one reply to "
+         "every rank) instead of the all-gather; 0: never (rank 0's value applies; see docs/scale.md)"),
     _own("HANG_TIMEOUT", _non_negative, 300.0,
          "read by torchring run: seconds without progress before the hang detector ends the job; 0: off "
          "(--hang-timeout wins)"),
@@ -230,6 +233,7 @@ class Settings:
     elastic_spare: bool = False
     flight_record: str | None = None
     control_probe: bool = True
+    control_gather_ranks: int = 16
     hang_timeout: float = 300.0
 
     @classmethod

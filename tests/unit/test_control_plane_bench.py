@@ -9,7 +9,12 @@ import sys
 import pytest
 
 from torchring.bench.control_plane import VirtualControlChannel, simulate
-from torchring.runtime.coordination.control import SLOT_BYTES, allgather_wire_bytes, and_wire_bytes
+from torchring.runtime.coordination.control import (
+    SLOT_BYTES,
+    allgather_wire_bytes,
+    and_wire_bytes,
+    gather_wire_bytes,
+)
 
 
 def test_wire_bytes_count_a_ring_allgather_and_the_second_round_of_a_large_payload():
@@ -25,20 +30,45 @@ def test_the_virtual_channel_returns_every_ranks_payload_with_its_own_in_place()
     assert channel.wire_bytes == allgather_wire_bytes([1, 4, 1])
 
 
-def test_every_cycle_releases_every_request_at_each_size():
+def test_gather_wire_bytes_count_one_slot_each_way_and_the_rounds_at_full_width():
+    assert gather_wire_bytes([10] * 5, 100, rank=3) == 2 * SLOT_BYTES
+    assert gather_wire_bytes([10] * 5, 100, rank=0) == 2 * 4 * SLOT_BYTES
+    assert gather_wire_bytes([10, 10_000, 10], 100, rank=2) == 2 * SLOT_BYTES + 10_000
+    assert gather_wire_bytes([10] * 3, 10_000, rank=1) == 2 * SLOT_BYTES + 10_000 - (SLOT_BYTES - 16)
+
+
+def test_the_virtual_channel_runs_the_coordinators_combine_over_every_payload():
+    channel = VirtualControlChannel(rank=2, size=3)
+    channel.post([b"a", b"b", b"posted"])
+    assert channel.gather_and_broadcast(b"mine", b"|".join) == b"a|b|mine"
+    assert channel.wire_bytes == gather_wire_bytes([1, 1, 4], 8, 2)
+    assert channel.coordinator_wire_bytes == gather_wire_bytes([1, 1, 4], 8, 0)
+
+
+@pytest.mark.parametrize("gather_ranks", [0, 8])
+def test_every_cycle_releases_every_request_at_each_size(gather_ranks):
     for size in (2, 8, 64):
-        costs = simulate(size, requests=8, new_requests=3, cycles=3)
+        costs = simulate(size, requests=8, new_requests=3, cycles=3, gather_ranks=gather_ranks)
         assert costs.virtual_ranks == size
         # the probe: status, epoch, one word of cache bits and its complement (8 requests: 8 slots)
         assert costs.steady_bytes_per_rank == and_wire_bytes(4, size)
-        assert costs.new_request_bytes_per_rank == allgather_wire_bytes([100] * size)  # each fits one slot
+        assert costs.gathered == (gather_ranks and size >= gather_ranks)
+        if costs.gathered:  # one slot to rank 0 and one reply slot back, whatever the size
+            assert costs.new_request_bytes_per_rank == 2 * SLOT_BYTES
+            assert costs.coordinator_new_request_bytes == 2 * (size - 1) * SLOT_BYTES
+        else:
+            assert costs.new_request_bytes_per_rank == allgather_wire_bytes([100] * size)  # each fits one slot
+            assert costs.coordinator_new_request_bytes == 0
         assert costs.steady_cpu_s_per_cycle > 0 and costs.new_request_cpu_s_per_cycle > 0
 
 
-def test_the_steady_state_costs_the_same_bytes_at_any_size():
-    small, large = simulate(8, cycles=3), simulate(2048, cycles=3)
+def test_neither_the_steady_state_nor_a_new_request_cycle_costs_a_rank_more_bytes_at_scale():
+    small, large = simulate(16, cycles=3), simulate(2048, cycles=3)
     assert large.steady_bytes_per_rank <= 1024
-    assert large.new_request_bytes_per_rank > 100 * small.new_request_bytes_per_rank  # the all-gather: O(N)
+    assert large.new_request_bytes_per_rank == small.new_request_bytes_per_rank  # through rank 0: O(1)
+    assert large.coordinator_new_request_bytes > 100 * small.coordinator_new_request_bytes  # rank 0: O(N)
+    everyone = simulate(2048, cycles=3, gather_ranks=0)  # the all-gather: O(N) on every rank
+    assert everyone.new_request_bytes_per_rank > 100 * small.new_request_bytes_per_rank
 
 
 def test_json_lines_carry_the_documented_fields():

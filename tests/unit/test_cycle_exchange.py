@@ -36,6 +36,11 @@ class _ThreadChannel:
         self.collectives.append("allgather")
         return self._collect(payload)
 
+    def gather_and_broadcast(self, payload: bytes, combine) -> bytes:
+        self.collectives.append("gather")
+        gathered = self._collect(payload)
+        return self._collect(combine(gathered) if self.rank == 0 else b"")[0]
+
     def allreduce_and(self, words: list[int]) -> list[int]:
         self.collectives.append("probe")
         result = list(words)
@@ -52,8 +57,8 @@ def _meta(name: str, seq: int) -> RequestMeta:
 
 
 class _Rank(VirtualRank):
-    def __init__(self, board: _Board, rank: int) -> None:
-        super().__init__(rank, SIZE, 64, _ThreadChannel(board, rank))
+    def __init__(self, board: _Board, rank: int, gather_ranks: int = 0) -> None:
+        super().__init__(rank, SIZE, 64, _ThreadChannel(board, rank), gather_ranks=gather_ranks)
         self.seq = 0
 
     def cycle(self, names: list[str]) -> list[str]:
@@ -62,10 +67,10 @@ class _Rank(VirtualRank):
         return [response.name for response in self.run_cycle(metas)]
 
 
-def _run(plan: list[list[list[str]]]) -> tuple[list[list[list[str]]], list[_Rank]]:
+def _run(plan: list[list[list[str]]], gather_ranks: int = 0) -> tuple[list[list[list[str]]], list[_Rank]]:
     """``plan[cycle][rank]``: the names each rank submits; returns the names released per cycle and rank."""
     board = _Board(SIZE)
-    ranks = [_Rank(board, r) for r in range(SIZE)]
+    ranks = [_Rank(board, r, gather_ranks) for r in range(SIZE)]
     released: list[list[list[str]]] = [[[] for _ in range(SIZE)] for _ in plan]
 
     def work(rank: _Rank) -> None:
@@ -135,3 +140,15 @@ def test_a_cached_request_left_in_the_table_by_an_all_gather_is_completed_by_the
         # a probe would leave rank 2's bit outside the table where ranks 0 and 1 wait for it
         assert rank.channel.collectives[:3] == ["allgather"] * 3
         assert not rank.exchange.bits_kept
+
+
+def test_announcements_through_rank_0_release_what_the_all_gather_releases():
+    every = [["a", "b"]] * SIZE
+    plan = [every, [["a"], ["a", "c"], ["c"]], [["c"], [], ["a"]], every, [["n"], ["n"], ["n"]], every, every]
+    by_allgather, _ = _run(plan)
+    through_rank_0, ranks = _run(plan, gather_ranks=SIZE)
+    assert [[sorted(n) for n in cycle] for cycle in through_rank_0] == \
+        [[sorted(n) for n in cycle] for cycle in by_allgather]
+    for rank in ranks:
+        assert "allgather" not in rank.channel.collectives and "gather" in rank.channel.collectives
+        assert rank.exchange.settled_cycles > 0  # the steady state is still settled by the probe

@@ -5,9 +5,12 @@ through its response cache (``ResponseCache.encode``) into an ``Announcement``, 
 ``CycleExchange`` settles (the probe of the steady state, else the all-gather of every announcement and
 ``cycle.negotiate_cycle`` with the ``Negotiator`` over ``N`` ranks) through a ``VirtualControlChannel``
 (the ``ControlChannel`` interface without a network); the responses are planned into fused batches
-(``BatchPlanner``), exactly as ``Engine._run`` does per cycle. Every rank does the same work (there is no
-coordinator), so the CPU time is measured on rank 0; the other ranks' announcements are built outside the
-timed part. Bytes are what a rank sends plus receives on the wire (``control.allgather_wire_bytes``,
+(``BatchPlanner``), exactly as ``Engine._run`` does per cycle. Every rank does the same work, so the CPU
+time is measured on one rank; the other ranks' announcements are built outside the timed part. From
+``TORCHRING_CONTROL_GATHER_RANKS`` ranks on (default 16), cycles with new requests go through rank 0
+(``ControlChannel.gather_and_broadcast``): then the measured rank is rank 1, and rank 0's extra part (the
+coordinator's bytes and the CPU of ``summarize_announcements``) is reported separately. Bytes are what a
+rank sends plus receives on the wire (``control.allgather_wire_bytes``, ``control.gather_wire_bytes``,
 ``control.and_wire_bytes``).
 
 Two kinds of cycle are measured: the **steady state** of a training loop (every rank repeats the same
@@ -20,10 +23,10 @@ import argparse
 import json
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
-from ..runtime.coordination.control import ControlChannel, allgather_wire_bytes, and_wire_bytes
+from ..runtime.coordination.control import ControlChannel, allgather_wire_bytes, and_wire_bytes, gather_wire_bytes
 from ..runtime.coordination.cycle import encode_announcement
 from ..runtime.coordination.cycles import CycleExchange
 from ..runtime.coordination.fusion import BatchPlanner
@@ -32,6 +35,7 @@ from ..runtime.coordination.negotiation import Negotiator, Response
 from ..runtime.coordination.response_cache import ResponseCache
 from ..runtime.observe.timeline import NullTimeline
 from ..runtime.requests import OpType, RequestMeta
+from ..settings import Settings
 
 __all__ = ["CycleCosts", "VirtualControlChannel", "VirtualRank", "add_control_plane_arguments", "run_control_plane",
            "simulate"]
@@ -52,6 +56,9 @@ class VirtualControlChannel:
         self.rank = rank
         self.size = size
         self.wire_bytes = 0
+        #: Rank 0's part of ``gather_and_broadcast`` (zero while every cycle all-gathers).
+        self.coordinator_wire_bytes = 0
+        self.coordinator_cpu_s = 0.0
         self._others: list[bytes] = []
 
     def post(self, payloads: list[bytes]) -> None:
@@ -63,6 +70,19 @@ class VirtualControlChannel:
         gathered[self.rank] = payload
         self.wire_bytes += allgather_wire_bytes([len(p) for p in gathered])
         return gathered
+
+    def gather_and_broadcast(self, payload: bytes, combine: Callable[[list[bytes]], bytes]) -> bytes:
+        """Runs rank 0's ``combine`` here, timed apart (``coordinator_cpu_s``), with rank 0's wire bytes in
+        ``coordinator_wire_bytes``."""
+        gathered = list(self._others)
+        gathered[self.rank] = payload
+        started = time.thread_time()
+        reply = combine(gathered)
+        self.coordinator_cpu_s += time.thread_time() - started
+        lengths = [len(p) for p in gathered]
+        self.wire_bytes += gather_wire_bytes(lengths, len(reply), self.rank)
+        self.coordinator_wire_bytes += gather_wire_bytes(lengths, len(reply), 0)
+        return reply
 
     def allreduce_and(self, words: list[int]) -> list[int]:
         self.wire_bytes += and_wire_bytes(len(words), self.size)
@@ -83,19 +103,24 @@ class CycleCosts:
     steady_cpu_s_per_cycle: float
     new_request_bytes_per_rank: int
     new_request_cpu_s_per_cycle: float
+    #: Whether new-request cycles went through rank 0; then its bytes and extra CPU (else 0).
+    gathered: bool = False
+    coordinator_new_request_bytes: int = 0
+    coordinator_new_request_cpu_s: float = 0.0
 
 
 class VirtualRank:
     """The coordination state of one virtual rank, as an engine holds it, over ``channel`` (a
     ``VirtualControlChannel`` unless given)."""
 
-    def __init__(self, rank: int, size: int, cache_capacity: int, channel: ControlChannel | None = None) -> None:
+    def __init__(self, rank: int, size: int, cache_capacity: int, channel: ControlChannel | None = None,
+                 gather_ranks: int = 0) -> None:
         everyone = tuple(range(size))
         self.cache = ResponseCache(cache_capacity, rank)
         self.negotiator = Negotiator(size, lambda process_set: everyone if process_set == 0 else None)
         self.planner = BatchPlanner(128 * 1024 * 1024)
         self.channel = channel if channel is not None else VirtualControlChannel(rank, size)
-        self.exchange = CycleExchange(self.channel, self.negotiator, self.cache)
+        self.exchange = CycleExchange(self.channel, self.negotiator, self.cache, gather_ranks=gather_ranks)
 
     def announce(self, metas: Sequence[RequestMeta]) -> Announcement:
         cached, misses = self.cache.encode(metas)
@@ -112,27 +137,31 @@ def _metas(names: Sequence[str], first_seq: int) -> list[RequestMeta]:
             for i, name in enumerate(names)]
 
 
-def _measure(rank: VirtualRank, metas: list[RequestMeta], size: int) -> tuple[int, float]:
-    """Run one cycle of ``metas`` on every virtual rank (the others' announcements untimed); return rank 0's
-    wire bytes and CPU seconds."""
+def _measure(rank: VirtualRank, metas: list[RequestMeta], size: int) -> tuple[int, float, int, float]:
+    """Run one cycle of ``metas`` on every virtual rank (the others' announcements untimed); return the
+    measured rank's wire bytes and CPU seconds, and rank 0's extra bytes and CPU as coordinator."""
     # the others repeat what rank 0 repeats
     other = encode_announcement(rank.exchange.with_settle(rank.announce(metas), NullTimeline()))
     rank.channel.post([other] * size)
-    rank.channel.wire_bytes = 0
+    channel = rank.channel
+    channel.wire_bytes, channel.coordinator_wire_bytes, channel.coordinator_cpu_s = 0, 0, 0.0
     started = time.thread_time()
     released = len(rank.run_cycle(metas))
-    spent = time.thread_time() - started
+    spent = time.thread_time() - started - channel.coordinator_cpu_s
     if released != len(metas):
         raise AssertionError(f"{size} virtual ranks: {released} of {len(metas)} requests released")
-    return rank.channel.wire_bytes, spent
+    return channel.wire_bytes, spent, channel.coordinator_wire_bytes, channel.coordinator_cpu_s
 
 
 def simulate(virtual_ranks: int, requests: int = DEFAULT_REQUESTS, new_requests: int = DEFAULT_NEW_REQUESTS,
-             cycles: int = 10, cache_capacity: int = 1024) -> CycleCosts:
-    """The cost of a steady-state and of a new-request cycle for one rank among ``virtual_ranks``."""
+             cycles: int = 10, cache_capacity: int = 1024,
+             gather_ranks: int = Settings.control_gather_ranks) -> CycleCosts:
+    """The cost of a steady-state and of a new-request cycle for one rank among ``virtual_ranks`` (rank 1
+    when new requests go through rank 0, whose extra part is reported apart)."""
     if virtual_ranks < 2:
         raise ValueError("--virtual-ranks must be at least 2")
-    rank = VirtualRank(0, virtual_ranks, cache_capacity)
+    gathered = 0 < gather_ranks <= virtual_ranks
+    rank = VirtualRank(1 if gathered else 0, virtual_ranks, cache_capacity, gather_ranks=gather_ranks)
     seq = 0
     steady = _metas([f"grad.{i}" for i in range(requests)], seq)
     _measure(rank, steady, virtual_ranks)  # first time: negotiated and cached
@@ -147,10 +176,13 @@ def simulate(virtual_ranks: int, requests: int = DEFAULT_REQUESTS, new_requests:
         new_samples.append(_measure(rank, _metas(names, seq), virtual_ranks))
     return CycleCosts(
         virtual_ranks=virtual_ranks, requests=requests, new_requests=new_requests,
-        steady_bytes_per_rank=int(statistics.median(b for b, _ in steady_samples)),
-        steady_cpu_s_per_cycle=statistics.median(c for _, c in steady_samples),
-        new_request_bytes_per_rank=int(statistics.median(b for b, _ in new_samples)),
-        new_request_cpu_s_per_cycle=statistics.median(c for _, c in new_samples),
+        steady_bytes_per_rank=int(statistics.median(s[0] for s in steady_samples)),
+        steady_cpu_s_per_cycle=statistics.median(s[1] for s in steady_samples),
+        new_request_bytes_per_rank=int(statistics.median(s[0] for s in new_samples)),
+        new_request_cpu_s_per_cycle=statistics.median(s[1] for s in new_samples),
+        gathered=gathered,
+        coordinator_new_request_bytes=int(statistics.median(s[2] for s in new_samples)),
+        coordinator_new_request_cpu_s=statistics.median(s[3] for s in new_samples),
     )
 
 
@@ -170,11 +202,13 @@ def add_control_plane_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _table(results: list[CycleCosts]) -> str:
     lines = ["| virtual ranks | steady bytes/rank | steady CPU ms/cycle | new-request bytes/rank | "
-             "new-request CPU ms/cycle |",
-             "|---:|---:|---:|---:|---:|"]
+             "new-request CPU ms/cycle | new requests through rank 0: its bytes | its extra CPU ms |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
+        coordinator = (f"{r.coordinator_new_request_bytes:,} | {r.coordinator_new_request_cpu_s * 1e3:.3f}"
+                       if r.gathered else "- (all-gather) | -")
         lines.append(f"| {r.virtual_ranks} | {r.steady_bytes_per_rank:,} | {r.steady_cpu_s_per_cycle * 1e3:.3f} | "
-                     f"{r.new_request_bytes_per_rank:,} | {r.new_request_cpu_s_per_cycle * 1e3:.3f} |")
+                     f"{r.new_request_bytes_per_rank:,} | {r.new_request_cpu_s_per_cycle * 1e3:.3f} | {coordinator} |")
     return "\n".join(lines)
 
 

@@ -145,9 +145,10 @@ def _engine_settings(control: ControlChannel, settings: Settings) -> EngineSetti
     cycle_time_s = settings.cycle_time / 1000.0
     idle_after_s = settings.idle_after_ms / 1000.0
     idle_cycles = max(1, min(1000, math.ceil(idle_after_s / max(cycle_time_s, 1e-6))))
-    local = (settings.fusion_threshold, settings.cache_capacity, idle_cycles, int(settings.control_probe))
+    local = (settings.fusion_threshold, settings.cache_capacity, idle_cycles, int(settings.control_probe),
+             settings.control_gather_ranks)
     everyone = [tuple(map(int, raw.split())) for raw in control.allgather_bytes(" ".join(map(str, local)).encode())]
-    fusion_threshold, cache_capacity, idle_cycles, control_probe = everyone[0]
+    fusion_threshold, cache_capacity, idle_cycles, control_probe, control_gather_ranks = everyone[0]
     if control.rank == 0 and any(values[:2] != everyone[0][:2] for values in everyone):
         logger.warning("ranks set different HOROVOD_FUSION_THRESHOLD/HOROVOD_CACHE_CAPACITY values %s; "
                        "every rank uses rank 0's (%d, %d)", [v[:2] for v in everyone], fusion_threshold,
@@ -162,6 +163,7 @@ def _engine_settings(control: ControlChannel, settings: Settings) -> EngineSetti
         idle_cycles=idle_cycles,
         deadlock_confirm_s=settings.deadlock_timeout,
         control_probe=bool(control_probe),
+        control_gather_ranks=control_gather_ranks,
     )
 
 

@@ -76,7 +76,8 @@ class Engine:
         self._planner = BatchPlanner(settings.fusion_threshold)
         self.response_cache = ResponseCache(settings.cache_capacity, rank)
         #: The cycle's exchange: a probe that settles the steady state, else the all-gather (``cycles``).
-        self._cycles = CycleExchange(control, self._negotiator, self.response_cache, settings.control_probe)
+        self._cycles = CycleExchange(control, self._negotiator, self.response_cache, settings.control_probe,
+                                     settings.control_gather_ranks)
         self._cycle_started = 0.0
         #: True after a cycle that carried this rank's requests: the next one waits a full cycle time.
         self._pacing = False

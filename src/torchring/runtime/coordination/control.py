@@ -1,18 +1,25 @@
-"""The control plane: a byte exchange among all ranks. ``ControlChannel`` is the interface the engine
+"""The control plane: byte exchanges among all ranks. ``ControlChannel`` is the interface the engine
 and the topology exchange use; ``GlooControlChannel`` runs it over a dedicated Gloo group, and the
 control-plane simulator (``bench.control_plane``) drives the same engine code over virtual ranks.
-``allgather_wire_bytes`` says what one exchange moves through each rank."""
+The ``*_wire_bytes`` functions say what one exchange moves through each rank.
+
+Three exchanges: ``allgather_bytes`` (every rank receives every rank's bytes: ``4 KB × N`` each),
+``gather_and_broadcast`` (rank 0 receives every rank's bytes and sends everyone one reply: a fixed
+``8 KB`` for every other rank, ``8 KB × N`` through rank 0) and ``allreduce_and`` (a few words).
+"""
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import torch
 import torch.distributed as dist
 
 _HEADER = struct.Struct("<Q")
+#: The reply's header: its length, and (when not 0) the width at which every rank sends its bytes again.
+_REPLY_HEADER = struct.Struct("<QQ")
 #: Bytes of the fixed slot each rank sends in every exchange (header + payload).
 SLOT_BYTES = 4096
 
@@ -25,6 +32,9 @@ class ControlChannel(Protocol):
 
     def allgather_bytes(self, payload: bytes) -> list[bytes]:
         """Every rank's ``payload``, in rank order."""
+
+    def gather_and_broadcast(self, payload: bytes, combine: Callable[[list[bytes]], bytes]) -> bytes:
+        """What ``combine`` makes on rank 0 of every rank's ``payload`` (in rank order), on every rank."""
 
     def allreduce_and(self, words: list[int]) -> list[int]:
         """The bitwise AND over every rank of ``words`` (signed 64-bit integers, the same count everywhere)."""
@@ -51,6 +61,21 @@ def and_wire_bytes(words: int, size: int) -> int:
     if and_by_allgather(words, size):
         return 2 * (size - 1) * words * 8
     return allreduce_wire_bytes(8 * words, size)
+
+
+def gather_wire_bytes(payload_lengths: Sequence[int], reply_length: int, rank: int) -> int:
+    """Bytes ``rank`` sends plus receives in one ``GlooControlChannel.gather_and_broadcast`` whose payloads
+    have these lengths and whose reply has ``reply_length``: every rank sends one slot to rank 0 and
+    receives one reply slot (rank 0: ``N - 1`` of each), plus the rounds at full width when a payload or
+    the reply does not fit a slot."""
+    others = len(payload_lengths) - 1
+    peers = others if rank == 0 else 1
+    total = 2 * peers * SLOT_BYTES
+    if max(payload_lengths, default=0) > SLOT_BYTES - _HEADER.size:
+        total += peers * max(payload_lengths)
+    if reply_length > SLOT_BYTES - _REPLY_HEADER.size:
+        total += peers * (reply_length - (SLOT_BYTES - _REPLY_HEADER.size))
+    return total
 
 
 def allgather_wire_bytes(payload_lengths: Sequence[int]) -> int:
@@ -107,6 +132,60 @@ class GlooControlChannel:
         gathered = bytearray(width * self.size)
         self._allgather(torch.frombuffer(gathered, dtype=torch.uint8), torch.frombuffer(slot, dtype=torch.uint8))
         return [bytes(gathered[r * width:r * width + n]) for r, n in enumerate(lengths)]
+
+    def gather_and_broadcast(self, payload: bytes, combine: Callable[[list[bytes]], bytes]) -> bytes:
+        """What ``combine`` makes on rank 0 of every rank's ``payload``, on every rank: one gather of a slot
+        per rank and one broadcast of a reply slot; a payload or reply that does not fit takes one more
+        round at the width rank 0 announces in the reply's header."""
+        if self.size == 1:
+            return combine([payload])
+        capacity = self.SLOT_BYTES - _HEADER.size
+        _HEADER.pack_into(self._slot, 0, len(payload))
+        fitted = payload[:capacity]
+        self._slot[_HEADER.size:_HEADER.size + len(fitted)] = fitted
+        self._gather(self._slot_tensor, self._gathered_tensor, self.SLOT_BYTES)
+        reply = b""
+        resend_width = 0
+        if self.rank == 0:
+            lengths = [_HEADER.unpack_from(self._gathered, r * self.SLOT_BYTES)[0] for r in range(self.size)]
+            if max(lengths) <= capacity:
+                start = _HEADER.size
+                reply = combine([bytes(self._gathered[r * self.SLOT_BYTES + start:r * self.SLOT_BYTES + start + n])
+                                 for r, n in enumerate(lengths)])
+            else:
+                resend_width = max(lengths)
+        reply, resend_width = self._broadcast_reply(reply, resend_width)
+        if not resend_width:
+            return reply
+        slot = bytearray(resend_width)
+        slot[:len(payload)] = payload
+        gathered = bytearray(resend_width * self.size if self.rank == 0 else 0)
+        self._gather(torch.frombuffer(slot, dtype=torch.uint8),
+                     torch.frombuffer(gathered, dtype=torch.uint8) if gathered else None, resend_width)
+        if self.rank == 0:
+            reply = combine([bytes(gathered[r * resend_width:r * resend_width + n]) for r, n in enumerate(lengths)])
+        return self._broadcast_reply(reply, 0)[0]
+
+    def _broadcast_reply(self, reply: bytes, resend_width: int) -> tuple[bytes, int]:
+        """Rank 0's ``reply`` and ``resend_width`` on every rank: a slot, then the rest of a long reply."""
+        assert self.group is not None
+        capacity = self.SLOT_BYTES - _REPLY_HEADER.size
+        if self.rank == 0:
+            _REPLY_HEADER.pack_into(self._slot, 0, len(reply), resend_width)
+            self._slot[_REPLY_HEADER.size:_REPLY_HEADER.size + min(len(reply), capacity)] = reply[:capacity]
+        self.group.broadcast([self._slot_tensor], dist.BroadcastOptions()).wait()
+        length, resend_width = _REPLY_HEADER.unpack_from(self._slot, 0)
+        head = bytes(self._slot[_REPLY_HEADER.size:_REPLY_HEADER.size + min(length, capacity)])
+        if length <= capacity:
+            return head, resend_width
+        rest = bytearray(reply[capacity:]) if self.rank == 0 else bytearray(length - capacity)
+        self.group.broadcast([torch.frombuffer(rest, dtype=torch.uint8)], dist.BroadcastOptions()).wait()
+        return head + bytes(rest), resend_width
+
+    def _gather(self, slot: torch.Tensor, gathered: torch.Tensor | None, width: int) -> None:
+        assert self.group is not None
+        outputs = [[gathered[r * width:(r + 1) * width] for r in range(self.size)]] if self.rank == 0 else []
+        self.group.gather(outputs, [slot], dist.GatherOptions()).wait()
 
     def allreduce_and(self, words: list[int]) -> list[int]:
         if self.size == 1:

@@ -5,6 +5,7 @@ timeline's negotiation marks."""
 from __future__ import annotations
 
 import pickle
+from dataclasses import replace
 
 from ..observe.timeline import NullTimeline, TimelineWriter
 from .messages import Announcement
@@ -20,6 +21,44 @@ def encode_announcement(announcement: Announcement) -> bytes:
 def decode_announcements(payloads: list[bytes]) -> list[Announcement]:
     """Every rank's announcement from what the control channel gathered."""
     return [pickle.loads(payload) for payload in payloads]
+
+
+def summarize_announcements(payloads: list[bytes]) -> bytes:
+    """Rank 0's reply in a gathered exchange: every rank's announcement, each distinct one once.
+
+    Ranks that announce the same requests with the same flags share one entry, so the reply grows with
+    the number of distinct announcements (one in a job whose ranks agree), not with the number of ranks.
+    Two fields are not per rank in the reply: the wake-up epoch (every entry carries the smallest, the
+    only one the cycle uses) and the sequence numbers of a shared entry's requests (its lowest rank's:
+    they only order responses by their lowest submitting rank, which is always an entry's own)."""
+    announcements = decode_announcements(payloads)
+    epoch = min(announcement.listened_epoch for announcement in announcements)
+    index_of: dict[object, int] = {}
+    distinct: list[Announcement] = []
+    runs: list[list[int]] = []  # [entry index, number of consecutive ranks that sent it]
+    for announcement in announcements:
+        key = (tuple(meta.identity for meta in announcement.metas), announcement.shutting_down,
+               announcement.stall_abort, announcement.cached, announcement.blocked, announcement.settle)
+        try:
+            index = index_of.setdefault(key, len(distinct))
+        except TypeError:  # an unhashable field: this rank's announcement stands alone
+            index = len(distinct)
+        if index == len(distinct):
+            distinct.append(replace(announcement, listened_epoch=epoch))
+        if runs and runs[-1][0] == index:
+            runs[-1][1] += 1
+        else:
+            runs.append([index, 1])
+    return pickle.dumps((distinct, runs), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def expand_announcements(reply: bytes) -> list[Announcement]:
+    """Every rank's announcement, in rank order, from ``summarize_announcements``'s reply (shared objects)."""
+    distinct, runs = pickle.loads(reply)
+    announcements: list[Announcement] = []
+    for index, count in runs:
+        announcements.extend([distinct[index]] * count)
+    return announcements
 
 
 def negotiate_cycle(announcements: list[Announcement], negotiator: Negotiator, cache: ResponseCache,

@@ -33,7 +33,14 @@ from dataclasses import dataclass, replace
 
 from ..observe.timeline import NullTimeline, TimelineWriter
 from .control import ControlChannel
-from .cycle import decode_announcements, encode_announcement, negotiate_common, negotiate_cycle
+from .cycle import (
+    decode_announcements,
+    encode_announcement,
+    expand_announcements,
+    negotiate_common,
+    negotiate_cycle,
+    summarize_announcements,
+)
 from .messages import Announcement
 from .negotiation import Negotiator, Response
 from .response_cache import ResponseCache, mask_to_bytes
@@ -71,10 +78,12 @@ class CycleExchange:
     every rank because it is derived only from what every rank received."""
 
     def __init__(self, channel: ControlChannel, negotiator: Negotiator, cache: ResponseCache,
-                 probe: bool = True) -> None:
+                 probe: bool = True, gather_ranks: int = 0) -> None:
         self._channel = channel
         #: Whether steady-state cycles may be settled by the probe at all (``TORCHRING_CONTROL_PROBE``).
         self._probe_enabled = probe
+        #: Whether announcements go through rank 0 instead of the all-gather (``TORCHRING_CONTROL_GATHER_RANKS``).
+        self.gathered = 0 < gather_ranks <= channel.size
         self._negotiator = negotiator
         self._cache = cache
         #: Whether this cycle starts with the probe (the last one carried nothing but cache bits).
@@ -114,7 +123,11 @@ class CycleExchange:
             self.failed_probes += 1
         self.exchanges += 1
         self._kept, self.bits_kept = 0, False  # the all-gather carries them
-        announcements = decode_announcements(self._channel.allgather_bytes(encode_announcement(announcement)))
+        payload = encode_announcement(announcement)
+        if self.gathered:
+            announcements = expand_announcements(self._channel.gather_and_broadcast(payload, summarize_announcements))
+        else:
+            announcements = decode_announcements(self._channel.allgather_bytes(payload))
         responses = negotiate_cycle(announcements, self._negotiator, self._cache, timeline)
         # A request left in the table waits for ranks that announce it in an all-gather; a probe would
         # keep their bits away from the table until ``CARRY_LIMIT_S``, so the next cycle probes only

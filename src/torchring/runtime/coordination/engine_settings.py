@@ -30,3 +30,5 @@ class EngineSettings:
     deadlock_confirm_s: float = 5.0
     #: Settle steady-state cycles with the probe instead of the all-gather (``cycles``; rank 0's value).
     control_probe: bool = True
+    #: From this many ranks on, all-gathers go through rank 0 instead (``cycles``; 0: never; rank 0's value).
+    control_gather_ranks: int = 0

@@ -178,6 +178,10 @@ VARIABLES: tuple[Variable, ...] = (
     _own("CONTROL_PROBE", _flag, True,
          "settle steady-state cycles with one small AND collective instead of the all-gather; 0: always "
          "all-gather (rank 0's value applies; see docs/scale.md)"),
+    _own("LAZY_CONNECT", _flag, True,
+         "torchring's Gloo groups connect a pair of ranks when it first communicates instead of every pair "
+         "at init (torch's TORCH_GLOO_LAZY_INIT, where this torch has it); 0: full mesh at init (see "
+         "docs/scale.md)"),
     _own("CONTROL_GATHER_RANKS", _count, 16,
          "from this many ranks on, cycles with new requests go through rank 0 (gather, then one reply to "
          "every rank) instead of the all-gather; 0: never (rank 0's value applies; see docs/scale.md)"),
@@ -233,6 +237,7 @@ class Settings:
     elastic_spare: bool = False
     flight_record: str | None = None
     control_probe: bool = True
+    lazy_connect: bool = True
     control_gather_ranks: int = 16
     hang_timeout: float = 300.0
 

@@ -87,6 +87,26 @@ def test_scaling_runs_one_job_per_size_and_reports_efficiency(tmp_path):
     assert "| efficiency |" in result.stdout
 
 
+def test_scaling_small_ops_measures_each_framework_in_jobs_of_its_own(tmp_path):
+    out = tmp_path / "small-ops.json"
+    # the horovod shim on the path: `import horovod.torch` works but is not Horovod, which is skipped
+    result = run_job("bench", "scaling", "--small-ops", "--max-np", "2", "--rounds", "2", "--json", str(out),
+                     env={"PYTHONPATH": os.pathsep.join(filter(None, [str(SHIM_PATH), os.environ.get("PYTHONPATH")]))})
+    assert result.returncode == 0, result.stderr
+    data = json.loads(out.read_text())
+    assert data["mode"] == "scaling-small-ops" and list(data["runs"]) == ["2"]
+    assert "compatibility shim" in data["skipped"]["horovod"]
+    for size, runs in data["runs"].items():
+        assert set(runs) == {"torchring", "c10d"}
+        for name, run in runs.items():
+            assert run["framework"] == name and run["world_size"] == int(size)
+            assert run["init_s"] > 0 and run["latency_ms"] > 0 and run["burst_ms"] > 0
+        steps = runs["torchring"]["init_steps_s"]
+        assert {"store", "rendezvous", "control group", "data group", "topology and settings", "engine"} <= set(steps)
+    assert "one blocking 4 KB allreduce, ms:" in result.stdout and "torchring ÷ c10d" in result.stdout
+    assert "torchring init() on rank 0, ms per step" in result.stdout
+
+
 def test_failed_job_is_reported_and_leaves_nothing_behind(tmp_path):
     # An invalid torchring setting makes torchring.init() fail on every rank.
     result = run_job("bench", "collectives", "-np", "2", "--sizes", "4K", "--iters", "1",
@@ -110,6 +130,7 @@ def test_failed_job_is_reported_and_leaves_nothing_behind(tmp_path):
     (["train", "-np", "1", "--json", "/no/such/dir/out.json"], "does not exist"),
     (["scaling", "--max-np", "0"], "--max-np must be at least 1"),
     (["scaling", "--max-np", "3", "-H", "localhost:2"], "more ranks than the 2 slots"),
+    (["scaling", "--small-ops", "--max-np", "1"], "--max-np must be at least 2"),
 ])
 def test_bad_flags_are_a_one_line_usage_error_before_any_rank_starts(args, message, monkeypatch, capsys):
     def no_job(config):

@@ -17,10 +17,10 @@ from typing import Any
 
 from ..launch.hosts import HostSlots, HostSpecError, assign_ranks, is_local_host, parse_hostfile, parse_hosts
 from ..launch.job import RunConfig, run_job
-from . import report
+from . import report, small_ops
 from .control_plane import add_control_plane_arguments, run_control_plane
 from .models import MODELS
-from .options import FRAMEWORKS, CollectivesOptions, Options, TrainOptions, encode
+from .options import FRAMEWORKS, CollectivesOptions, Options, SmallOpsOptions, TrainOptions, encode
 from .results import read_json, write_json_atomic
 from .sizes import DEFAULT_SIZES, parse_sizes
 from .stats import OPS, Summary
@@ -98,6 +98,11 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     _add_train_arguments(scaling)
     scaling.add_argument("--framework", choices=list(FRAMEWORKS), default="torchring",
                          help="framework to scale (default torchring)")
+    scaling.add_argument("--small-ops", dest="small_ops", action="store_true",
+                         help="instead of training: init() time, blocking 4 KB allreduce latency and a 200 x 4 KB "
+                              "burst at 2, 4, 8, ... MAX_NP ranks, for torchring, raw c10d and (when it can be "
+                              "imported) the real Horovod, each in jobs of its own; --rounds burst samples and 5x "
+                              "as many latency samples per job")
 
     control_plane = modes.add_parser(
         "control-plane", help="bytes and CPU time of one negotiation cycle per rank at N virtual ranks",
@@ -257,6 +262,15 @@ def run_bench(args: argparse.Namespace, argv: Sequence[str] | None = None) -> in
         return _finish(launch("train", options, args.num_proc, hosts, args.verbose, env), args, argv,
                        report.train_table)
     _at_least(args.max_np, 1, "--max-np")
+    if args.small_ops:
+        _at_least(args.max_np, 2, "--max-np")
+        _at_least(args.rounds, 1, "--rounds")
+        hosts = _hosts(args, args.max_np)
+        small = SmallOpsOptions(latency_rounds=5 * args.rounds, burst_rounds=args.rounds)
+        result = small_ops.run_jobs(small_ops.job_sizes(args.max_np),
+                                    lambda options, size: launch("small-ops", options, size, hosts, args.verbose, env),
+                                    small)
+        return _finish(result, args, argv, small_ops.small_ops_table)
     options = train_options(args, (args.framework,))
     hosts = _hosts(args, args.max_np)
     return _finish(_run_scaling(args, hosts, options, env), args, argv, report.scaling_table)

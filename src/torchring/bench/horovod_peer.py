@@ -25,8 +25,9 @@ import torchring
 _RENDEZVOUS = ("HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT")
 
 
-def load_horovod(world_size: int) -> tuple[ModuleType | None, str | None]:
-    """Real Horovod's ``horovod.torch``, initialised with this job's ranks, or why it cannot be used."""
+def load_horovod(world_size: int, initialise: bool = True) -> tuple[ModuleType | None, str | None]:
+    """Real Horovod's ``horovod.torch``, initialised with this job's ranks (with ``initialise=False``: ready
+    for ``hvd.init()``, which the caller then times), or why it cannot be used."""
     try:
         import horovod.torch as hvd
     except ImportError as error:
@@ -37,6 +38,8 @@ def load_horovod(world_size: int) -> tuple[ModuleType | None, str | None]:
     reason = None if all(name in os.environ for name in _RENDEZVOUS) else _join_this_job()
     if reason is not None:
         return None, reason
+    if not initialise:
+        return hvd, None
     try:
         hvd.init()
     except Exception as error:  # Horovod raises various types when it has no rendezvous

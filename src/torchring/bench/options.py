@@ -36,7 +36,18 @@ class TrainOptions:
     seed: int = 42
 
 
-Options = CollectivesOptions | TrainOptions
+@dataclass(frozen=True)
+class SmallOpsOptions:
+    """One job of ``torchring bench scaling --small-ops``: which framework (``torchring``, ``c10d`` or
+    ``horovod``) and how many timed samples of each measurement."""
+
+    framework: str = "torchring"
+    latency_rounds: int = 50
+    burst_rounds: int = 10
+    warmup: int = 5
+
+
+Options = CollectivesOptions | TrainOptions | SmallOpsOptions
 
 
 def encode(options: Options, result_path: str) -> str:
@@ -45,9 +56,9 @@ def encode(options: Options, result_path: str) -> str:
 
 
 def decode(mode: str, text: str) -> tuple[Options, str]:
-    """The options and result path of ``encode``'s output for ``mode`` (``collectives`` or ``train``)."""
+    """The options and result path of ``encode``'s output for ``mode`` (``collectives``, ``train`` or ``small-ops``)."""
     payload = json.loads(text)
-    cls = {"collectives": CollectivesOptions, "train": TrainOptions}.get(mode)
+    cls = {"collectives": CollectivesOptions, "train": TrainOptions, "small-ops": SmallOpsOptions}.get(mode)
     if cls is None:
         raise ValueError(f"unknown benchmark mode {mode!r}")
     values: dict[str, Any] = payload["options"]

@@ -34,6 +34,12 @@ def _ms(value: float) -> str:
 def describe_job(result: Mapping[str, Any]) -> str:
     """A line or two about where, with what and on what the numbers were measured."""
     meta = result.get("meta", {})
+    if result.get("mode") == "scaling-small-ops":
+        sizes = ", ".join(map(str, result["runs"]))
+        return (f"torchring, raw c10d (Gloo) and Horovod in jobs of their own at {sizes} ranks on this host; "
+                f"medians of {result['options']['latency_rounds']} latency and {result['options']['burst_rounds']} "
+                "burst samples, each the slowest rank's; init: from the last rank's call to the last rank's first "
+                "barrier")
     hosts = ", ".join(sorted(set(meta.get("hostnames", [])))) or "?"
     ranks = f"{meta.get('world_size', '?')} ranks"
     if result.get("mode") == "scaling":

@@ -20,8 +20,9 @@ import torch.distributed as dist
 import torchring
 
 from .collectives import run_collectives
-from .options import CollectivesOptions, TrainOptions, decode
+from .options import CollectivesOptions, SmallOpsOptions, TrainOptions, decode
 from .results import write_json_atomic
+from .small_ops import run_small_ops
 from .train import run_train
 
 
@@ -52,10 +53,15 @@ def _tear_down() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) != 2:
-        print("usage: python -m torchring.bench.worker {collectives,train} OPTIONS_JSON", file=sys.stderr)
+        print("usage: python -m torchring.bench.worker {collectives,train,small-ops} OPTIONS_JSON", file=sys.stderr)
         return 2
     mode, payload = argv
     options, result_path = decode(mode, payload)
+    if isinstance(options, SmallOpsOptions):  # each framework starts alone: its start-up is measured
+        result = run_small_ops(options, lambda line: print(line, flush=True) if os.environ.get("RANK") == "0" else None)
+        if os.environ.get("RANK") == "0":
+            write_json_atomic(result_path, result)
+        return 0
     torchring.init()
     dist.init_process_group("gloo", init_method="env://")
     if isinstance(options, CollectivesOptions):

@@ -9,7 +9,7 @@ import math
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
@@ -34,7 +34,7 @@ from ..metrics.counters import METRICS
 from ..rank_failure import install_excepthook
 from ..settings import Settings
 from ..store_auth import AuthenticatedStore, job_credentials
-from .coordination.control import ControlChannel, GlooControlChannel
+from .coordination.control import GlooControlChannel
 from .coordination.deadlock import Verdict
 from .coordination.engine_settings import EngineSettings
 from .coordination.topology import Topology, exchange_topology
@@ -47,6 +47,7 @@ from .engine import Engine
 from .names import skip_auto_name
 from .observe.flight_recorder import NULL_RECORDER, Recorder, open_recorder
 from .observe.timeline import NullTimeline, TimelineWriter
+from .startup import StepClock, gloo_group, store_client
 
 logger = logging.getLogger("torchring")
 
@@ -76,6 +77,8 @@ class Runtime:
     #: Rank 0 of an elastic generation: the key that tells the launcher its first step completed (cleared
     #: once set); None elsewhere.
     first_step_key: str | None = None
+    #: Seconds this rank's ``init()`` spent in each step (``startup.StepClock``: store, rendezvous, groups, ...).
+    init_seconds: dict[str, float] = field(default_factory=dict)
 
 
 _lock = threading.RLock()
@@ -96,6 +99,8 @@ def collective_timeout(settings: Settings) -> timedelta:
 
 
 def _open_store(rendezvous: Rendezvous, timeout: timedelta) -> dist.Store:
+    """The rendezvous store (served here when this rank serves it), and every other client of it this
+    process will use, opened now (``startup``: once per process, before the ranks synchronise)."""
     if rendezvous.host is None:
         return dist.HashStore()
     assert rendezvous.port is not None
@@ -105,11 +110,12 @@ def _open_store(rendezvous: Rendezvous, timeout: timedelta) -> dist.Store:
             _served_stores[key] = dist.TCPStore(
                 rendezvous.host, rendezvous.port, is_master=True, timeout=timeout, wait_for_workers=False
             )
+        StoreWaker.connect(rendezvous.host, rendezvous.port, timeout)
         return _served_stores[key]
     try:
-        return dist.TCPStore(
-            rendezvous.host, rendezvous.port, is_master=False, timeout=timeout, wait_for_workers=False
-        )
+        store = store_client(rendezvous.host, rendezvous.port, timeout)
+        StoreWaker.connect(rendezvous.host, rendezvous.port, timeout)
+        return store
     except Exception as error:
         raise RuntimeError(
             f"torchring could not reach the rendezvous store at {rendezvous.host}:{rendezvous.port}: {error}. "
@@ -139,22 +145,26 @@ def _apply_gil_switch_interval(settings: Settings) -> None:
         sys.setswitchinterval(given / 1000.0)
 
 
-def _engine_settings(control: ControlChannel, settings: Settings) -> EngineSettings:
-    """The engine's knobs; those every rank must share (fusion threshold, cache capacity, cycles before
-    idling, the steady-state probe) are rank 0's."""
+def _shared_engine_values(settings: Settings) -> tuple[int, ...]:
+    """This rank's values of the engine knobs every rank must share (rank 0's apply)."""
     cycle_time_s = settings.cycle_time / 1000.0
     idle_after_s = settings.idle_after_ms / 1000.0
     idle_cycles = max(1, min(1000, math.ceil(idle_after_s / max(cycle_time_s, 1e-6))))
-    local = (settings.fusion_threshold, settings.cache_capacity, idle_cycles, int(settings.control_probe),
-             settings.control_gather_ranks)
-    everyone = [tuple(map(int, raw.split())) for raw in control.allgather_bytes(" ".join(map(str, local)).encode())]
+    return (settings.fusion_threshold, settings.cache_capacity, idle_cycles, int(settings.control_probe),
+            settings.control_gather_ranks)
+
+
+def _engine_settings(everyone: list[tuple], rank: int, settings: Settings) -> EngineSettings:
+    """The engine's knobs; those every rank must share (fusion threshold, cache capacity, cycles before
+    idling, the steady-state probe, the gathered exchange) are rank 0's, from ``everyone``'s
+    ``_shared_engine_values``."""
     fusion_threshold, cache_capacity, idle_cycles, control_probe, control_gather_ranks = everyone[0]
-    if control.rank == 0 and any(values[:2] != everyone[0][:2] for values in everyone):
+    if rank == 0 and any(values[:2] != everyone[0][:2] for values in everyone):
         logger.warning("ranks set different HOROVOD_FUSION_THRESHOLD/HOROVOD_CACHE_CAPACITY values %s; "
                        "every rank uses rank 0's (%d, %d)", [v[:2] for v in everyone], fusion_threshold,
                        cache_capacity)
     return EngineSettings(
-        cycle_time_s=cycle_time_s,
+        cycle_time_s=settings.cycle_time / 1000.0,
         stall_check_enabled=not settings.stall_check_disable,
         stall_warning_s=settings.stall_check_time_seconds,
         stall_shutdown_s=settings.stall_shutdown_time_seconds,
@@ -197,16 +207,6 @@ def _deadlock_reporter(environment: ClusterEnvironment,
                                                                 "lines": list(verdict.lines)}))
 
 
-def _gloo_group(store: dist.Store, rank: int, size: int, timeout: timedelta, threads: int) -> dist.ProcessGroup:
-    """A Gloo group with ``threads`` worker threads (the control exchange runs one collective at a time,
-    so one thread is enough and leaves the CPU to training)."""
-    options = dist.ProcessGroupGloo._Options()
-    options._timeout = timeout
-    options._devices = [dist.ProcessGroupGloo.create_default_device()]
-    options._threads = threads
-    return dist.ProcessGroupGloo(store, rank, size, options)
-
-
 def _wait_for_all_ranks(store: dist.Store, prefix: str, rank: int, size: int, timeout: timedelta) -> None:
     """Meet every rank in the store (within the start timeout) before creating the groups, so that ranks
     which start late only need ``START_TIMEOUT``; a rank that never comes is named in the error."""
@@ -222,20 +222,21 @@ def _wait_for_all_ranks(store: dist.Store, prefix: str, rank: int, size: int, ti
         ) from None
 
 
-def _data_groups(store: dist.Store, base: str, set_rank: int, size: int, timeout: timedelta) -> DataGroups:
+def _data_groups(store: dist.Store, base: str, set_rank: int, size: int, timeout: timedelta,
+                 lazy: bool) -> DataGroups:
     """New Gloo (and NCCL) groups under store prefix ``base`` (no Gloo group in a set of one rank)."""
     cpu = None
     if size > 1:
-        cpu = dist.ProcessGroupGloo(dist.PrefixStore(f"{base}/gloo", store), set_rank, size, timeout)
+        cpu = gloo_group(dist.PrefixStore(f"{base}/gloo", store), set_rank, size, timeout, lazy)
     return DataGroups(cpu=cpu, cuda=_cuda_group(dist.PrefixStore(f"{base}/nccl", store), set_rank, size, timeout))
 
 
-def _group_factory(store: dist.Store, prefix: str,
-                   timeout: timedelta) -> Callable[[int, tuple[int, ...], int], DataGroups]:
+def _group_factory(store: dist.Store, prefix: str, timeout: timedelta,
+                   lazy: bool) -> Callable[[int, tuple[int, ...], int], DataGroups]:
     """Creates the Gloo (and NCCL) groups of a process set; called by its members only."""
 
     def make(process_set: int, members: tuple[int, ...], set_rank: int) -> DataGroups:
-        return _data_groups(store, f"{prefix}/set{process_set}", set_rank, len(members), timeout)
+        return _data_groups(store, f"{prefix}/set{process_set}", set_rank, len(members), timeout, lazy)
 
     return make
 
@@ -256,6 +257,7 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
         if settings.log_level is not None:
             logger.setLevel(settings.log_level)
         _apply_gil_switch_interval(settings)
+        clock = StepClock()
         rendezvous_timeout, timeout = start_timeout(settings), collective_timeout(settings)
         environment = detect_environment()
         credentials = job_credentials()  # takes the job's secret out of the environment
@@ -264,6 +266,7 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
         if isinstance(environment, ElasticLauncherEnvironment):
             # rank and size come from the elastic launcher's current generation, once all its ranks are in
             store = _open_store(environment.rendezvous(), rendezvous_timeout)
+            clock.lap("store")
             assignment = environment.join(AuthenticatedStore(store, credentials))
             info, prefix = assignment.info, elastic_generation_prefix(assignment.generation)
             first_step_key = elastic_first_step_key(assignment.generation) if info.rank == 0 else None
@@ -275,48 +278,59 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
                 raise ValueError(f"rank {info.rank} is outside a job of size {info.size} ({environment.name})")
             rendezvous = environment.rendezvous()
             store = _open_store(rendezvous, rendezvous_timeout)
+            clock.lap("store")
             prefix = generation_prefix(_generation)
             if info.size > 1:
                 _wait_for_all_ranks(store, prefix, info.rank, info.size, rendezvous_timeout)
+        clock.lap("rendezvous")
         signed = AuthenticatedStore(store, credentials)
         control_group = data_group = None
+        lazy = settings.lazy_connect
         if info.size > 1:
-            control_group = _gloo_group(dist.PrefixStore(f"{prefix}/control", store), info.rank, info.size,
-                                        timeout, threads=1)
-            data_group = dist.ProcessGroupGloo(dist.PrefixStore(f"{prefix}/data", store), info.rank,
-                                               info.size, timeout)
+            # one worker thread: the control exchange runs one collective at a time and leaves the CPU to training
+            control_group = gloo_group(dist.PrefixStore(f"{prefix}/control", store), info.rank, info.size, timeout,
+                                       lazy, threads=1)
+            clock.lap("control group")
+            data_group = gloo_group(dist.PrefixStore(f"{prefix}/data", store), info.rank, info.size, timeout, lazy)
+            clock.lap("data group")
         data_groups = DataGroups(
             cpu=data_group, cuda=_cuda_group(dist.PrefixStore(f"{prefix}/nccl", store), info.rank, info.size, timeout)
         )
-        table = ProcessSetTable(info.rank, info.size, data_groups, _group_factory(store, prefix, timeout))
+        clock.lap("nccl group")
+        table = ProcessSetTable(info.rank, info.size, data_groups, _group_factory(store, prefix, timeout, lazy))
         for members in process_sets or []:
             if not members or any(not 0 <= r < info.size for r in members):
                 raise ValueError(f"process set ranks {list(members)} must be ranks of this job (size {info.size})")
         process_set_ids = [table.add(members) for members in process_sets or []]
+        clock.lap("process sets")
         control = GlooControlChannel(control_group, info.rank, info.size)
-        topology = exchange_topology(info, control)
+        topology, shared_values = exchange_topology(info, control, _shared_engine_values(settings))
+        engine_settings = _engine_settings(shared_values, info.rank, settings)
+        clock.lap("topology and settings")
         waker: Waker = LocalWaker()
         if info.size > 1:
             assert rendezvous.host is not None and rendezvous.port is not None
             waker = StoreWaker(rendezvous.host, rendezvous.port, f"{prefix}/wake/", rendezvous_timeout)
+        clock.lap("waker")
         report_peer_failure = _peer_failure_reporter(environment, signed, info.rank)
         engine = Engine(info.rank, info.size, control, Executor(table, info.rank), table, waker,
-                        _engine_settings(control, settings), report_peer_failure, skip_auto_name,
-                        _deadlock_reporter(environment, signed))
+                        engine_settings, report_peer_failure, skip_auto_name, _deadlock_reporter(environment, signed))
         timeline = _initial_timeline(info.rank, settings)
         if timeline is not None:
             engine.timeline = timeline
         recorder = engine.recorder = open_recorder(settings.flight_record, info.rank, info.size)
         engine.start()
-        lanes = LaneRegistry(generation_prefix(_generation), _lane_group_opener(store, table, timeout),
+        lanes = LaneRegistry(generation_prefix(_generation), _lane_group_opener(store, table, timeout, lazy),
                              lambda: engine.timeline, recorder, report_peer_failure, engine.deadlocks)
+        metrics_publisher = _start_metrics(signed, topology, settings)
+        clock.lap("engine")
         _runtime = Runtime(environment, topology, store, signed, control_group, table, engine, _generation,
-                           dynamic_process_sets, settings, lanes, _start_metrics(signed, topology, settings),
-                           recorder, first_step_key)
+                           dynamic_process_sets, settings, lanes, metrics_publisher, recorder, first_step_key,
+                           clock.seconds)
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True
-        logger.debug("torchring initialised: %s via %s", topology, environment.name)
+        logger.debug("torchring initialised: %s via %s (%s)", topology, environment.name, clock.summary())
         return process_set_ids
 
 
@@ -333,14 +347,14 @@ def _runtime_gauges() -> dict[str, object]:
 METRICS.runtime_gauges = _runtime_gauges
 
 
-def _lane_group_opener(store: dist.Store, table: ProcessSetTable, timeout: timedelta) -> GroupOpener:
+def _lane_group_opener(store: dist.Store, table: ProcessSetTable, timeout: timedelta, lazy: bool) -> GroupOpener:
     """How gradient lanes get groups: new Gloo (and NCCL) groups over a process set's members."""
 
     def open_groups(prefix: str, process_set: int) -> DataGroups:
         members = table.members(process_set)
         if members is None:
             raise ValueError(f"process set {process_set} is not registered")
-        return _data_groups(store, prefix, table.set_rank(process_set), len(members), timeout)
+        return _data_groups(store, prefix, table.set_rank(process_set), len(members), timeout, lazy)
 
     return open_groups
 

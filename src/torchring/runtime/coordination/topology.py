@@ -25,12 +25,13 @@ class Topology:
     homogeneous: bool = True
 
 
-def exchange_topology(info: RankInfo, control: ControlChannel) -> Topology:
-    """Fill in what ``info`` leaves unknown, consistently on every rank, with one exchange."""
+def exchange_topology(info: RankInfo, control: ControlChannel, extra: tuple = ()) -> tuple[Topology, list[tuple]]:
+    """Fill in what ``info`` leaves unknown, consistently on every rank, with one exchange; ``extra`` rides
+    along (``init()`` sends its engine settings with it) and every rank's comes back, in rank order."""
     hostname = info.hostname or socket.gethostname()
     mine = (hostname, info.local_rank, info.local_size, info.cross_rank, info.cross_size)
-    everyone = [pickle.loads(p) for p in control.allgather_bytes(pickle.dumps(mine))]
-    return derive_topology(info.rank, [tuple(e) for e in everyone])
+    everyone = [pickle.loads(p) for p in control.allgather_bytes(pickle.dumps((mine, extra)))]
+    return derive_topology(info.rank, [tuple(e[0]) for e in everyone]), [tuple(e[1]) for e in everyone]
 
 
 def derive_topology(rank: int, everyone: list[tuple]) -> Topology:

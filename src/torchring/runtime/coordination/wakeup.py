@@ -15,6 +15,8 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from ..startup import discard_store_client, store_client
+
 _LISTEN_TIMEOUT = timedelta(hours=1)
 
 
@@ -39,20 +41,29 @@ class LocalWaker(Waker):
 
 
 class StoreWaker(Waker):
-    """Wake-ups through keys ``<epoch>`` in a store; one client listens, another sets."""
+    """Wake-ups through keys ``<epoch>`` in a store; one client listens, another sets (both kept for the
+    process and used again by the next initialisation, see ``runtime.startup``)."""
+
+    _SETTER, _LISTENER = "wake-setter", "wake-listener"
+
+    @classmethod
+    def connect(cls, host: str, port: int, timeout: timedelta) -> None:
+        """Open this process's two clients now (``init()`` calls it before the rendezvous, while the ranks
+        still arrive one by one): opened later, after a collective, every rank would connect at the same
+        moment, and a burst of connections to one store server can stall for seconds (measured: 16
+        processes connecting at once waited 5-10 s on the 2-core test machines)."""
+        store_client(host, port, timeout, cls._SETTER)
+        store_client(host, port, timeout, cls._LISTENER)
 
     def __init__(self, host: str, port: int, prefix: str, timeout: timedelta) -> None:
-        self._setter = dist.PrefixStore(prefix, self._connect(host, port, timeout))
-        self._listening_store = dist.PrefixStore(prefix, self._connect(host, port, timeout))
+        self._address = (host, port)
+        self._setter = dist.PrefixStore(prefix, store_client(host, port, timeout, self._SETTER))
+        self._listening_store = dist.PrefixStore(prefix, store_client(host, port, timeout, self._LISTENER))
         self._epochs: queue.SimpleQueue[tuple[int, Callable[[int], None]] | None] = queue.SimpleQueue()
         self._forgotten: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._closed = False
         self._thread = threading.Thread(target=self._listen_loop, name="torchring-waker", daemon=True)
         self._thread.start()
-
-    @staticmethod
-    def _connect(host: str, port: int, timeout: timedelta) -> dist.Store:
-        return dist.TCPStore(host, port, is_master=False, timeout=timeout, wait_for_workers=False)
 
     def listen(self, epoch: int, on_wake: Callable[[int], None]) -> None:
         self._epochs.put((epoch, on_wake))
@@ -69,6 +80,8 @@ class StoreWaker(Waker):
         self._closed = True
         self._epochs.put(None)
         self._thread.join(timeout=10)
+        if self._thread.is_alive():  # still waiting inside the listening client: never hand it out again
+            discard_store_client(*self._address, self._LISTENER)
 
     def _listen_loop(self) -> None:
         while True:

@@ -1,0 +1,111 @@
+"""What ``init()`` reuses and measures: store clients kept for the process, Gloo groups that connect on
+first use, and the time of each step.
+
+A re-initialisation (``shutdown()`` then ``init()``, an elastic reset) meets the same rendezvous store
+again, so the clients of a process are kept by address and role and handed out again while the server
+still answers: a re-init opens no connection, and a connection's one-time costs (TCP set-up, and in
+torch's client the reverse look-up of the local address, which stalls up to 10 s where DNS does not
+answer) are paid once per process. Each role has its own client because one of them (the wake-up
+listener's) blocks in ``wait`` while the others are used.
+
+A Gloo group normally connects every pair of its ranks when it is created: ``N - 1`` connections per
+rank and group, set up through the store while every rank waits. torchring's groups are created with
+torch's lazy connection instead (``TORCH_GLOO_LAZY_INIT``, set only while they are created, so the
+program's own groups keep torch's default): a pair connects when it first communicates, so creating a
+group costs nothing and a rank keeps only the connections its collectives use (its ring neighbours, and
+rank 0 those of the control plane's exchanges through it). A torch without the setting connects the
+full mesh as before. ``TORCHRING_LAZY_CONNECT=0`` restores the full mesh.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from datetime import timedelta
+
+import torch.distributed as dist
+
+__all__ = ["StepClock", "discard_store_client", "gloo_group", "store_client"]
+
+#: Role of the client ``init()`` itself uses (rendezvous, signed values, group set-up).
+MAIN = "main"
+
+_lock = threading.Lock()
+_clients: dict[tuple[str, int, str], dist.Store] = {}
+
+
+def _answers(client: dist.Store) -> bool:
+    """Whether the server behind ``client`` still answers (a restarted or lost server refuses)."""
+    try:
+        client.check(["torchring/alive"])
+        return True
+    except Exception:  # noqa: BLE001 - any failure means: connect again
+        return False
+
+
+def store_client(host: str, port: int, timeout: timedelta, role: str = MAIN) -> dist.Store:
+    """This process's client of the store at ``host:port`` for ``role``, connected on first use; its
+    timeout is set to ``timeout`` each time it is handed out."""
+    key = (host, port, role)
+    with _lock:
+        client = _clients.get(key)
+        if client is None or not _answers(client):
+            client = dist.TCPStore(host, port, is_master=False, timeout=timeout, wait_for_workers=False)
+            _clients[key] = client
+        client.set_timeout(timeout)
+        return client
+
+
+def discard_store_client(host: str, port: int, role: str) -> None:
+    """Never hand out this client again (a thread may still be inside it)."""
+    with _lock:
+        _clients.pop((host, port, role), None)
+
+
+_LAZY_VARIABLE = "TORCH_GLOO_LAZY_INIT"
+_lazy_lock = threading.Lock()
+
+
+def gloo_group(store: dist.Store, rank: int, size: int, timeout: timedelta, lazy: bool,
+               threads: int | None = None) -> dist.ProcessGroup:
+    """A Gloo group over ``store``; ``lazy``: its pairs connect on first use (unless the program set
+    ``TORCH_GLOO_LAZY_INIT`` itself, which then stands); ``threads``: its worker threads (torch's default
+    when None)."""
+    if threads is None:
+        options = None
+    else:
+        options = dist.ProcessGroupGloo._Options()
+        options._timeout = timeout
+        options._devices = [dist.ProcessGroupGloo.create_default_device()]
+        options._threads = threads
+    with _lazy_lock:
+        scoped = lazy and _LAZY_VARIABLE not in os.environ
+        if scoped:
+            os.environ[_LAZY_VARIABLE] = "1"
+        try:
+            if options is None:
+                return dist.ProcessGroupGloo(store, rank, size, timeout)
+            return dist.ProcessGroupGloo(store, rank, size, options)
+        finally:
+            if scoped:
+                os.environ.pop(_LAZY_VARIABLE, None)
+
+
+class StepClock:
+    """Seconds spent in each named step of ``init()``, in the order they ran."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, step: str) -> None:
+        """The time since the previous lap (or the start) was spent in ``step``."""
+        now = time.perf_counter()
+        self.seconds[step] = self.seconds.get(step, 0.0) + now - self._last
+        self._last = now
+
+    def summary(self) -> str:
+        """One line: every step's milliseconds and the total."""
+        steps = ", ".join(f"{step} {seconds * 1e3:.0f} ms" for step, seconds in self.seconds.items())
+        return f"{steps}; total {sum(self.seconds.values()) * 1e3:.0f} ms"

@@ -102,7 +102,10 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
     def meta(n: str, seq: int) -> RequestMeta:
         return RequestMeta(name=n, op_type=OpType.BARRIER, seq=seq, process_set=set_id)
 
-    synchronize(submit(meta, "barrier", None, None, process_set=set_id))
+    # One name for every barrier of a set: barriers block, so the k-th of each rank still meet, and a
+    # repeated barrier is a response-cache bit that keeps a loop of barriers and operations in the
+    # steady state (an automatic name per call made each one new).
+    synchronize(submit(meta, "barrier", None, None, process_set=set_id, full_name="barrier"))
 
 
 def join(device: int = -1) -> int:

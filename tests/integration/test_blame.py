@@ -34,7 +34,7 @@ def test_the_rank_that_raised_is_named_whichever_rank_exits_first(mode, np):
     (2, "extra", ["rank 0: waiting in allreduce 'grad' (diverge_hvd.py:21), which rank 1 never submitted",
                   "rank 1: waiting in allreduce 'extra' (diverge_hvd.py:20), which rank 0 never submitted",
                   "last collective every rank took part in: allreduce 'grad'"]),
-    (3, "reducescatter", ["ranks 0,2: waiting in barrier 'noname.0' (diverge_hvd.py:40), which rank 1 never submitted",
+    (3, "reducescatter", ["ranks 0,2: waiting in barrier (diverge_hvd.py:40), which rank 1 never submitted",
                           "rank 1: waiting in reducescatter 'noname.3' (diverge_hvd.py:39), which ranks 0,2 never "
                           "submitted", "last collective every rank took part in: reducescatter 'noname.2'"]),
     (2, "optimizer", ["rank 0: waiting in DistributedOptimizer's allreduce of gradient bucket 'bucket.0.bias' "

@@ -176,7 +176,7 @@ def test_init_records_to_the_file_and_takes_the_variable_out_of_the_environment(
     finally:
         hvd.shutdown()
     recent = read_flight_record(path)["recent"]
-    assert [(e["op"], e["name"]) for e in (recent[0], recent[-1])] == [("broadcast", "again"), ("barrier", "noname.0")]
+    assert [(e["op"], e["name"]) for e in (recent[0], recent[-1])] == [("broadcast", "again"), ("barrier", "barrier")]
     # a fused buffer is one collective on the wire: one record, named after its first tensor
     reductions = [e["name"] for e in recent[1:-1]]
     assert {e["op"] for e in recent[1:-1]} == {"allreduce"} and reductions[0].startswith("fused0")

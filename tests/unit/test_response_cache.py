@@ -54,9 +54,18 @@ def test_errors_joined_ranks_and_control_ops_are_not_cached():
         caches,
         response({0: meta("bad"), 1: meta("bad", shape=(2,))}, error="Mismatched"),
         Response("joined", 0, (0, 1), {0: meta("joined")}),
-        response({0: meta("b", op_type=OpType.BARRIER), 1: meta("b", op_type=OpType.BARRIER)}),
+        response({0: meta("j", op_type=OpType.JOIN), 1: meta("j", op_type=OpType.JOIN)}),
     )
     assert len(caches[0]) == 0
+
+
+def test_a_barrier_every_rank_took_part_in_is_cached_like_a_data_operation():
+    caches = two_ranks()
+    record_everywhere(caches, response({0: meta("barrier", op_type=OpType.BARRIER),
+                                        1: meta("barrier", op_type=OpType.BARRIER)}))
+    for cache in caches:
+        mask, misses = cache.encode([meta("barrier", op_type=OpType.BARRIER)])
+        assert not misses and mask == b"\x01"
 
 
 def test_slots_are_reused_least_recently_used_first_on_every_rank_alike():

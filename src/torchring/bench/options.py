@@ -44,7 +44,7 @@ class SmallOpsOptions:
     framework: str = "torchring"
     latency_rounds: int = 50
     burst_rounds: int = 10
-    warmup: int = 5
+    warmup: int = 20
 
 
 Options = CollectivesOptions | TrainOptions | SmallOpsOptions

@@ -200,7 +200,8 @@ class DeadlockWatch:
         op = "operation"
         if entry is not None and entry.metas:
             op = entry.metas[min(entry.metas)].op_type.value
-        text = f"{op} '{_short(op, key[1])}'" + (f" in process set {key[0]}" if key[0] else "")
+        short = _short(op, key[1])
+        text = (op if short == op else f"{op} '{short}'") + (f" in process set {key[0]}" if key[0] else "")
         if where:
             text += f" ({where})"
         if entry is not None:

@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Container, Iterable, Iterator
 from typing import Any
 
-from ..requests import DATA_OPS, RequestMeta
+from ..requests import DATA_OPS, OpType, RequestMeta
 from .negotiation import Response
 
 #: Decoded requests get sequence numbers below every real one, ordered by slot.
@@ -145,8 +145,10 @@ class ResponseCache:
 
 
 def _cacheable(response: Response) -> bool:
-    """Successful data operations in which every member took part (no joined ranks)."""
-    return (response.error is None and response.op_type in DATA_OPS
+    """Successful data operations and barriers in which every member took part (no joined ranks). A
+    cached barrier is a cache bit like a cached allreduce, so a loop of barriers and operations stays
+    in the steady state (uncached, every barrier cost a failed probe and a full exchange)."""
+    return (response.error is None and (response.op_type in DATA_OPS or response.op_type is OpType.BARRIER)
             and len(response.metas) == len(response.members) and bool(response.members))
 
 

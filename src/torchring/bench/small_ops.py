@@ -22,6 +22,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -31,7 +32,7 @@ from .collectives import BURST_BYTES, BURST_COUNT, async_burst
 from .options import SmallOpsOptions
 from .report import markdown_table
 
-__all__ = ["SMALL_OPS_FRAMEWORKS", "SmallOpsOptions", "job_sizes", "run_small_ops", "small_ops_table"]
+__all__ = ["SMALL_OPS_FRAMEWORKS", "job_sizes", "run_jobs", "run_small_ops", "small_ops_table"]
 
 #: The frameworks compared, in the order of the table.
 SMALL_OPS_FRAMEWORKS = ("torchring", "c10d", "horovod")
@@ -193,7 +194,7 @@ def run_jobs(sizes: Sequence[int], launch: Callable[[SmallOpsOptions, int], dict
             if name in skipped:
                 continue
             print(f"torchring bench scaling --small-ops: {name} on {size} rank(s)", flush=True)
-            found = launch(SmallOpsOptions(name, options.latency_rounds, options.burst_rounds, options.warmup), size)
+            found = launch(replace(options, framework=name), size)
             if "skipped" in found:
                 skipped[name] = found["skipped"]
             else:

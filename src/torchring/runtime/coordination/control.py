@@ -112,18 +112,27 @@ class GlooControlChannel:
         """Every rank's ``payload``, in rank order."""
         if self.size == 1:
             return [payload]
-        capacity = self.SLOT_BYTES - _HEADER.size
-        _HEADER.pack_into(self._slot, 0, len(payload))
-        fitted = payload[:capacity]
-        self._slot[_HEADER.size:_HEADER.size + len(fitted)] = fitted
+        self._fill_slot(payload)
         self._allgather(self._gathered_tensor, self._slot_tensor)
-        lengths = [_HEADER.unpack_from(self._gathered, r * self.SLOT_BYTES)[0] for r in range(self.size)]
-        if max(lengths) <= capacity:
-            return [
-                bytes(self._gathered[r * self.SLOT_BYTES + _HEADER.size:r * self.SLOT_BYTES + _HEADER.size + n])
-                for r, n in enumerate(lengths)
-            ]
+        lengths = self._gathered_lengths()
+        if max(lengths) <= self.SLOT_BYTES - _HEADER.size:
+            return self._gathered_payloads(lengths)
         return self._allgather_large(payload, lengths)
+
+    def _fill_slot(self, payload: bytes) -> None:
+        """This rank's slot: the payload's length, then as much of it as fits."""
+        fitted = payload[:self.SLOT_BYTES - _HEADER.size]
+        _HEADER.pack_into(self._slot, 0, len(payload))
+        self._slot[_HEADER.size:_HEADER.size + len(fitted)] = fitted
+
+    def _gathered_lengths(self) -> list[int]:
+        """Every rank's payload length, from the gathered slots."""
+        return [_HEADER.unpack_from(self._gathered, r * self.SLOT_BYTES)[0] for r in range(self.size)]
+
+    def _gathered_payloads(self, lengths: list[int]) -> list[bytes]:
+        """Every rank's payload, from the gathered slots (each fits its slot)."""
+        starts = [r * self.SLOT_BYTES + _HEADER.size for r in range(self.size)]
+        return [bytes(self._gathered[start:start + n]) for start, n in zip(starts, lengths, strict=True)]
 
     def _allgather_large(self, payload: bytes, lengths: list[int]) -> list[bytes]:
         width = max(lengths)
@@ -139,19 +148,14 @@ class GlooControlChannel:
         round at the width rank 0 announces in the reply's header."""
         if self.size == 1:
             return combine([payload])
-        capacity = self.SLOT_BYTES - _HEADER.size
-        _HEADER.pack_into(self._slot, 0, len(payload))
-        fitted = payload[:capacity]
-        self._slot[_HEADER.size:_HEADER.size + len(fitted)] = fitted
+        self._fill_slot(payload)
         self._gather(self._slot_tensor, self._gathered_tensor, self.SLOT_BYTES)
         reply = b""
         resend_width = 0
         if self.rank == 0:
-            lengths = [_HEADER.unpack_from(self._gathered, r * self.SLOT_BYTES)[0] for r in range(self.size)]
-            if max(lengths) <= capacity:
-                start = _HEADER.size
-                reply = combine([bytes(self._gathered[r * self.SLOT_BYTES + start:r * self.SLOT_BYTES + start + n])
-                                 for r, n in enumerate(lengths)])
+            lengths = self._gathered_lengths()
+            if max(lengths) <= self.SLOT_BYTES - _HEADER.size:
+                reply = combine(self._gathered_payloads(lengths))
             else:
                 resend_width = max(lengths)
         reply, resend_width = self._broadcast_reply(reply, resend_width)

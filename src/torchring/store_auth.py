@@ -146,6 +146,18 @@ class AuthenticatedStore:
         data = value.encode() if isinstance(value, str) else bytes(value)
         self.raw.set(key, sign(self.credentials.secret, self.credentials.job_id, key, data))
 
+    def set_many(self, keys: Sequence[str], values: Sequence[bytes | str]) -> None:
+        """Store each of ``values`` under its key, signed, in one request where the store has ``multi_set``."""
+        signed = [sign(self.credentials.secret, self.credentials.job_id, key,
+                       value.encode() if isinstance(value, str) else bytes(value))
+                  for key, value in zip(keys, values, strict=True)]
+        multi_set = getattr(self.raw, "multi_set", None)
+        if multi_set is not None:
+            multi_set(list(keys), signed)
+            return
+        for key, value in zip(keys, signed, strict=True):
+            self.raw.set(key, value)
+
     def check(self, keys: Sequence[str]) -> bool:
         """Whether all ``keys`` exist (their values are not verified)."""
         return self.raw.check(list(keys))

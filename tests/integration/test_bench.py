@@ -102,7 +102,7 @@ def test_scaling_small_ops_measures_each_framework_in_jobs_of_its_own(tmp_path):
             assert run["framework"] == name and run["world_size"] == int(size)
             assert run["init_s"] > 0 and run["latency_ms"] > 0 and run["burst_ms"] > 0
         steps = runs["torchring"]["init_steps_s"]
-        assert {"store", "rendezvous", "control group", "data group", "topology and settings", "engine"} <= set(steps)
+        assert {"store", "rendezvous", "control group", "data group", "waker", "engine"} <= set(steps)
     assert "one blocking 4 KB allreduce, ms:" in result.stdout and "torchring ÷ c10d" in result.stdout
     assert "torchring init() on rank 0, ms per step" in result.stdout
 

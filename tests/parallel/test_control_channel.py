@@ -59,3 +59,13 @@ def test_exchanges_of_both_kinds_interleave(channel, rank, size):
         assert channel.allgather_bytes(mine) == [_payload(r, 20 + round_) for r in range(size)]
         lengths = [20 + round_] * size
         assert channel.gather_and_broadcast(mine, _numbered) == _expected(lengths)
+
+
+@pytest.mark.parametrize("words", [3, 700])  # a slot's worth gathered, and past it (the allreduce)
+def test_the_and_through_rank_0_equals_the_allreduce(channel, rank, size, words):
+    mine = [(-1 ^ (1 << ((rank + i) % 63))) for i in range(words)]  # every rank clears a different bit
+    expected = [-1] * words
+    for r in range(size):
+        expected = [e & (-1 ^ (1 << ((r + i) % 63))) for i, e in enumerate(expected)]
+    assert channel.allreduce_and(mine, through_root=True) == expected
+    assert channel.allreduce_and(mine) == expected

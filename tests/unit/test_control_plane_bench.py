@@ -51,9 +51,11 @@ def test_every_cycle_releases_every_request_at_each_size(gather_ranks):
         costs = simulate(size, requests=8, new_requests=3, cycles=3, gather_ranks=gather_ranks)
         assert costs.virtual_ranks == size
         # the probe: status, epoch, one word of cache bits and its complement (8 requests: 8 slots)
-        assert costs.steady_bytes_per_rank == and_wire_bytes(4, size)
         assert costs.gathered == (gather_ranks and size >= gather_ranks)
+        assert costs.steady_bytes_per_rank == and_wire_bytes(4, size, through_root=costs.gathered)
         if costs.gathered:  # one slot to rank 0 and one reply slot back, whatever the size
+            assert costs.steady_bytes_per_rank == 2 * 4 * 8  # the words to rank 0, their AND back
+            assert costs.coordinator_steady_bytes == 2 * 4 * 8 * (size - 1)
             assert costs.new_request_bytes_per_rank == 2 * SLOT_BYTES
             assert costs.coordinator_new_request_bytes == 2 * (size - 1) * SLOT_BYTES
         else:
@@ -67,6 +69,7 @@ def test_neither_the_steady_state_nor_a_new_request_cycle_costs_a_rank_more_byte
     assert large.steady_bytes_per_rank <= 1024
     assert large.new_request_bytes_per_rank == small.new_request_bytes_per_rank  # through rank 0: O(1)
     assert large.coordinator_new_request_bytes > 100 * small.coordinator_new_request_bytes  # rank 0: O(N)
+    assert large.steady_bytes_per_rank == small.steady_bytes_per_rank  # the probe through rank 0: O(1)
     everyone = simulate(2048, cycles=3, gather_ranks=0)  # the all-gather: O(N) on every rank
     assert everyone.new_request_bytes_per_rank > 100 * small.new_request_bytes_per_rank
 

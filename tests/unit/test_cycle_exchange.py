@@ -41,7 +41,7 @@ class _ThreadChannel:
         gathered = self._collect(payload)
         return self._collect(combine(gathered) if self.rank == 0 else b"")[0]
 
-    def allreduce_and(self, words: list[int]) -> list[int]:
+    def allreduce_and(self, words: list[int], through_root: bool = False) -> list[int]:
         self.collectives.append("probe")
         result = list(words)
         for other in self._collect(words):

@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("runtime.coordination",),
     ("runtime.dataplane",),
     ("runtime.engine",),
-    ("runtime.context",),
+    ("runtime.context", "runtime.meeting"),
     ("runtime.submit",),
     # the public API
     ("basics", "process_sets", "operations", "autograd_functions", "collectives", "grouped", "functions",

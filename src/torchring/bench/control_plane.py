@@ -7,9 +7,9 @@ through its response cache (``ResponseCache.encode``) into an ``Announcement``, 
 (the ``ControlChannel`` interface without a network); the responses are planned into fused batches
 (``BatchPlanner``), exactly as ``Engine._run`` does per cycle. Every rank does the same work, so the CPU
 time is measured on one rank; the other ranks' announcements are built outside the timed part. From
-``TORCHRING_CONTROL_GATHER_RANKS`` ranks on (default 16), cycles with new requests go through rank 0
-(``ControlChannel.gather_and_broadcast``): then the measured rank is rank 1, and rank 0's extra part (the
-coordinator's bytes and the CPU of ``summarize_announcements``) is reported separately. Bytes are what a
+``TORCHRING_CONTROL_GATHER_RANKS`` ranks on (default 16), cycles go through rank 0 (the probe's words and,
+with new requests, ``ControlChannel.gather_and_broadcast``): then the measured rank is rank 1, and rank 0's
+extra part (the coordinator's bytes and the CPU of ``summarize_announcements``) is reported separately. Bytes are what a
 rank sends plus receives on the wire (``control.allgather_wire_bytes``, ``control.gather_wire_bytes``,
 ``control.and_wire_bytes``).
 
@@ -84,8 +84,10 @@ class VirtualControlChannel:
         self.coordinator_wire_bytes += gather_wire_bytes(lengths, len(reply), 0)
         return reply
 
-    def allreduce_and(self, words: list[int]) -> list[int]:
-        self.wire_bytes += and_wire_bytes(len(words), self.size)
+    def allreduce_and(self, words: list[int], through_root: bool = False) -> list[int]:
+        self.wire_bytes += and_wire_bytes(len(words), self.size, through_root, self.rank)
+        if through_root:
+            self.coordinator_wire_bytes += and_wire_bytes(len(words), self.size, through_root, 0)
         return list(words)
 
     def close(self) -> None:
@@ -103,8 +105,9 @@ class CycleCosts:
     steady_cpu_s_per_cycle: float
     new_request_bytes_per_rank: int
     new_request_cpu_s_per_cycle: float
-    #: Whether new-request cycles went through rank 0; then its bytes and extra CPU (else 0).
+    #: Whether cycles went through rank 0; then its bytes (steady and new-request) and extra CPU (else 0).
     gathered: bool = False
+    coordinator_steady_bytes: int = 0
     coordinator_new_request_bytes: int = 0
     coordinator_new_request_cpu_s: float = 0.0
 
@@ -181,6 +184,7 @@ def simulate(virtual_ranks: int, requests: int = DEFAULT_REQUESTS, new_requests:
         new_request_bytes_per_rank=int(statistics.median(s[0] for s in new_samples)),
         new_request_cpu_s_per_cycle=statistics.median(s[1] for s in new_samples),
         gathered=gathered,
+        coordinator_steady_bytes=int(statistics.median(s[2] for s in steady_samples)),
         coordinator_new_request_bytes=int(statistics.median(s[2] for s in new_samples)),
         coordinator_new_request_cpu_s=statistics.median(s[3] for s in new_samples),
     )
@@ -202,11 +206,12 @@ def add_control_plane_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _table(results: list[CycleCosts]) -> str:
     lines = ["| virtual ranks | steady bytes/rank | steady CPU ms/cycle | new-request bytes/rank | "
-             "new-request CPU ms/cycle | new requests through rank 0: its bytes | its extra CPU ms |",
-             "|---:|---:|---:|---:|---:|---:|---:|"]
+             "new-request CPU ms/cycle | through rank 0: its steady bytes | its new-request bytes | "
+             "its extra CPU ms |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
-        coordinator = (f"{r.coordinator_new_request_bytes:,} | {r.coordinator_new_request_cpu_s * 1e3:.3f}"
-                       if r.gathered else "- (all-gather) | -")
+        coordinator = (f"{r.coordinator_steady_bytes:,} | {r.coordinator_new_request_bytes:,} | "
+                       f"{r.coordinator_new_request_cpu_s * 1e3:.3f}" if r.gathered else "- (all-gather) | - | -")
         lines.append(f"| {r.virtual_ranks} | {r.steady_bytes_per_rank:,} | {r.steady_cpu_s_per_cycle * 1e3:.3f} | "
                      f"{r.new_request_bytes_per_rank:,} | {r.new_request_cpu_s_per_cycle * 1e3:.3f} | {coordinator} |")
     return "\n".join(lines)

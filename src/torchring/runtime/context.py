@@ -37,17 +37,18 @@ from ..store_auth import AuthenticatedStore, job_credentials
 from .coordination.control import GlooControlChannel
 from .coordination.deadlock import Verdict
 from .coordination.engine_settings import EngineSettings
-from .coordination.topology import Topology, exchange_topology
+from .coordination.topology import Topology
 from .coordination.wakeup import LocalWaker, StoreWaker, Waker
 from .dataplane.data_groups import DataGroups
 from .dataplane.executor import Executor
 from .dataplane.lane_registry import GroupOpener, LaneRegistry
 from .dataplane.process_set_table import ProcessSetTable
 from .engine import Engine
+from .meeting import meet
 from .names import skip_auto_name
 from .observe.flight_recorder import NULL_RECORDER, Recorder, open_recorder
 from .observe.timeline import NullTimeline, TimelineWriter
-from .startup import StepClock, gloo_group, store_client
+from .startup import StepClock, gloo_group, one_start_up, store_client
 
 logger = logging.getLogger("torchring")
 
@@ -207,21 +208,6 @@ def _deadlock_reporter(environment: ClusterEnvironment,
                                                                 "lines": list(verdict.lines)}))
 
 
-def _wait_for_all_ranks(store: dist.Store, prefix: str, rank: int, size: int, timeout: timedelta) -> None:
-    """Meet every rank in the store (within the start timeout) before creating the groups, so that ranks
-    which start late only need ``START_TIMEOUT``; a rank that never comes is named in the error."""
-    store.set(f"{prefix}/arrived/{rank}", "1")
-    keys = [f"{prefix}/arrived/{r}" for r in range(size)]
-    try:
-        store.wait(keys, timeout)
-    except dist.DistStoreError:
-        missing = [r for r, key in enumerate(keys) if not store.check([key])]
-        raise RuntimeError(
-            f"torchring rendezvous timed out after {timeout.total_seconds():.0f}s: rank(s) {missing} of "
-            f"{size} never called hvd.init(). Check their output; raise TORCHRING_START_TIMEOUT if they start slowly."
-        ) from None
-
-
 def _data_groups(store: dist.Store, base: str, set_rank: int, size: int, timeout: timedelta,
                  lazy: bool) -> DataGroups:
     """New Gloo (and NCCL) groups under store prefix ``base`` (no Gloo group in a set of one rank)."""
@@ -250,7 +236,7 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
     initialised does nothing; after ``shutdown()`` it starts a fresh rendezvous.
     """
     global _runtime, _generation, _atexit_registered
-    with _lock:
+    with _lock, one_start_up():
         if _runtime is not None:
             return []
         settings = Settings.from_env() if settings is None else settings
@@ -280,16 +266,15 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
             store = _open_store(rendezvous, rendezvous_timeout)
             clock.lap("store")
             prefix = generation_prefix(_generation)
-            if info.size > 1:
-                _wait_for_all_ranks(store, prefix, info.rank, info.size, rendezvous_timeout)
-        clock.lap("rendezvous")
         signed = AuthenticatedStore(store, credentials)
+        topology, shared_values = meet(signed, prefix, info, _shared_engine_values(settings), rendezvous_timeout)
+        engine_settings = _engine_settings(shared_values, info.rank, settings)
+        clock.lap("rendezvous")
         control_group = data_group = None
         lazy = settings.lazy_connect
         if info.size > 1:
-            # one worker thread: the control exchange runs one collective at a time and leaves the CPU to training
             control_group = gloo_group(dist.PrefixStore(f"{prefix}/control", store), info.rank, info.size, timeout,
-                                       lazy, threads=1)
+                                       lazy)
             clock.lap("control group")
             data_group = gloo_group(dist.PrefixStore(f"{prefix}/data", store), info.rank, info.size, timeout, lazy)
             clock.lap("data group")
@@ -304,9 +289,6 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
         process_set_ids = [table.add(members) for members in process_sets or []]
         clock.lap("process sets")
         control = GlooControlChannel(control_group, info.rank, info.size)
-        topology, shared_values = exchange_topology(info, control, _shared_engine_values(settings))
-        engine_settings = _engine_settings(shared_values, info.rank, settings)
-        clock.lap("topology and settings")
         waker: Waker = LocalWaker()
         if info.size > 1:
             assert rendezvous.host is not None and rendezvous.port is not None

@@ -22,18 +22,22 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 import torch.distributed as dist
 
-__all__ = ["StepClock", "discard_store_client", "gloo_group", "store_client"]
+__all__ = ["StepClock", "discard_store_client", "gloo_group", "one_start_up", "store_client"]
 
 #: Role of the client ``init()`` itself uses (rendezvous, signed values, group set-up).
 MAIN = "main"
 
 _lock = threading.Lock()
 _clients: dict[tuple[str, int, str], dist.Store] = {}
-
+#: The clients known to reach their server during the current ``one_start_up()`` (opened or checked).
+_confirmed: set[tuple[str, int, str]] = set()
+_in_start_up = False
 
 def _answers(client: dist.Store) -> bool:
     """Whether the server behind ``client`` still answers (a restarted or lost server refuses)."""
@@ -50,9 +54,11 @@ def store_client(host: str, port: int, timeout: timedelta, role: str = MAIN) -> 
     key = (host, port, role)
     with _lock:
         client = _clients.get(key)
-        if client is None or not _answers(client):
+        if client is None or not (key in _confirmed or _answers(client)):
             client = dist.TCPStore(host, port, is_master=False, timeout=timeout, wait_for_workers=False)
             _clients[key] = client
+        if _in_start_up:
+            _confirmed.add(key)
         client.set_timeout(timeout)
         return client
 
@@ -61,32 +67,43 @@ def discard_store_client(host: str, port: int, role: str) -> None:
     """Never hand out this client again (a thread may still be inside it)."""
     with _lock:
         _clients.pop((host, port, role), None)
+        _confirmed.discard((host, port, role))
+
+
+@contextmanager
+def one_start_up() -> Iterator[None]:
+    """Within it (one ``init()``), a client is asked whether its server answers only the first time it is
+    handed out: ``init()`` hands out the clients it opened a moment before, and a round trip per client
+    while every rank starts at once cost 30-60 ms of start-up at 32 ranks here."""
+    global _in_start_up
+    with _lock:
+        _in_start_up = True
+        _confirmed.clear()
+    try:
+        yield
+    finally:
+        with _lock:
+            _in_start_up = False
+            _confirmed.clear()
 
 
 _LAZY_VARIABLE = "TORCH_GLOO_LAZY_INIT"
 _lazy_lock = threading.Lock()
 
 
-def gloo_group(store: dist.Store, rank: int, size: int, timeout: timedelta, lazy: bool,
-               threads: int | None = None) -> dist.ProcessGroup:
-    """A Gloo group over ``store``; ``lazy``: its pairs connect on first use (unless the program set
-    ``TORCH_GLOO_LAZY_INIT`` itself, which then stands); ``threads``: its worker threads (torch's default
-    when None)."""
-    if threads is None:
-        options = None
-    else:
-        options = dist.ProcessGroupGloo._Options()
-        options._timeout = timeout
-        options._devices = [dist.ProcessGroupGloo.create_default_device()]
-        options._threads = threads
+def gloo_group(store: dist.Store, rank: int, size: int, timeout: timedelta, lazy: bool) -> dist.ProcessGroup:
+    """A Gloo group over ``store`` with torch's default options; ``lazy``: its pairs connect on first use
+    (unless the program set ``TORCH_GLOO_LAZY_INIT`` itself, which then stands).
+
+    Only this constructor reads torch's lazy setting: a group built from ``ProcessGroupGloo._Options``
+    (to choose its worker threads, say) connects the full mesh whatever the setting, which cost 150-200 ms
+    of every ``init()`` at 32 ranks here."""
     with _lazy_lock:
         scoped = lazy and _LAZY_VARIABLE not in os.environ
         if scoped:
             os.environ[_LAZY_VARIABLE] = "1"
         try:
-            if options is None:
-                return dist.ProcessGroupGloo(store, rank, size, timeout)
-            return dist.ProcessGroupGloo(store, rank, size, options)
+            return dist.ProcessGroupGloo(store, rank, size, timeout)
         finally:
             if scoped:
                 os.environ.pop(_LAZY_VARIABLE, None)

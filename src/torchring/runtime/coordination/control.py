@@ -5,7 +5,8 @@ The ``*_wire_bytes`` functions say what one exchange moves through each rank.
 
 Three exchanges: ``allgather_bytes`` (every rank receives every rank's bytes: ``4 KB × N`` each),
 ``gather_and_broadcast`` (rank 0 receives every rank's bytes and sends everyone one reply: a fixed
-``8 KB`` for every other rank, ``8 KB × N`` through rank 0) and ``allreduce_and`` (a few words).
+``8 KB`` for every other rank, ``8 KB × N`` through rank 0) and ``allreduce_and`` (a few words, by
+all-gather, allreduce or, ``through_root``, a gather to rank 0 and a broadcast of the result).
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ class ControlChannel(Protocol):
     def gather_and_broadcast(self, payload: bytes, combine: Callable[[list[bytes]], bytes]) -> bytes:
         """What ``combine`` makes on rank 0 of every rank's ``payload`` (in rank order), on every rank."""
 
-    def allreduce_and(self, words: list[int]) -> list[int]:
-        """The bitwise AND over every rank of ``words`` (signed 64-bit integers, the same count everywhere)."""
+    def allreduce_and(self, words: list[int], through_root: bool = False) -> list[int]:
+        """The bitwise AND over every rank of ``words`` (signed 64-bit integers, the same count everywhere);
+        ``through_root`` (the same on every rank): rank 0 gathers the words and broadcasts the AND."""
 
     def close(self) -> None:
         """Stop using the channel (the engine calls this when it stops)."""
@@ -56,8 +58,12 @@ def allreduce_wire_bytes(nbytes: int, size: int) -> int:
     return 0 if size < 2 else round(4 * (size - 1) / size * nbytes)
 
 
-def and_wire_bytes(words: int, size: int) -> int:
-    """Bytes one rank sends plus receives in ``allreduce_and`` of ``words`` words over ``size`` ranks."""
+def and_wire_bytes(words: int, size: int, through_root: bool = False, rank: int = 1) -> int:
+    """Bytes ``rank`` sends plus receives in ``allreduce_and`` of ``words`` words over ``size`` ranks
+    (``through_root``: every other rank sends its words to rank 0 and receives the result, so only rank
+    0's share grows with ``size``)."""
+    if through_root:
+        return 2 * 8 * words * (size - 1 if rank == 0 else 1)
     if and_by_allgather(words, size):
         return 2 * (size - 1) * words * 8
     return allreduce_wire_bytes(8 * words, size)
@@ -191,11 +197,16 @@ class GlooControlChannel:
         outputs = [[gathered[r * width:(r + 1) * width] for r in range(self.size)]] if self.rank == 0 else []
         self.group.gather(outputs, [slot], dist.GatherOptions()).wait()
 
-    def allreduce_and(self, words: list[int]) -> list[int]:
+    def allreduce_and(self, words: list[int], through_root: bool = False) -> list[int]:
+        """The bitwise AND over every rank of ``words``: one all-gather while every rank's words fit a slot,
+        else one allreduce, or (``through_root``) a gather to rank 0 and a broadcast of the result: two steps
+        whatever the size, where a ring allreduce of a few words takes ``2 (N - 1)`` steps one after another."""
         if self.size == 1:
             return list(words)
         assert self.group is not None
         tensor = torch.tensor(words, dtype=torch.int64)
+        if through_root:
+            return self._and_through_root(tensor)
         if and_by_allgather(len(words), self.size):
             gathered = torch.empty(self.size * len(words), dtype=torch.int64)
             self._allgather(gathered, tensor)
@@ -206,6 +217,18 @@ class GlooControlChannel:
         options = dist.AllreduceOptions()
         options.reduceOp = dist.ReduceOp.BAND
         self.group.allreduce([tensor], options).wait()
+        return tensor.tolist()
+
+    def _and_through_root(self, tensor: torch.Tensor) -> list[int]:
+        width = tensor.numel() * tensor.element_size()
+        gathered = torch.empty(self.size * tensor.numel(), dtype=torch.int64) if self.rank == 0 else None
+        self._gather(tensor.view(torch.uint8), None if gathered is None else gathered.view(torch.uint8), width)
+        if gathered is not None:
+            tensor = gathered.view(self.size, -1)[0].clone()
+            for row in gathered.view(self.size, -1)[1:]:
+                tensor &= row
+        assert self.group is not None
+        self.group.broadcast([tensor], dist.BroadcastOptions()).wait()
         return tensor.tolist()
 
     def close(self) -> None:

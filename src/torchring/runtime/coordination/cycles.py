@@ -5,7 +5,9 @@ In a training loop's steady state every rank announces the same cached requests 
 the all-gather (``4 KB × N`` through every rank, ``N`` decodes) carries nothing the ranks do not already
 share: the response cache is identical on every rank. So after a cycle in which every rank announced
 nothing but cache bits, the next cycle starts with a **probe**: one bitwise-AND allreduce of a few 64-bit
-words per rank, whose size depends on the number of cache slots in use, not on ``N``:
+words per rank, whose size depends on the number of cache slots in use, not on ``N`` (from
+``TORCHRING_CONTROL_GATHER_RANKS`` ranks on, rank 0 gathers the words and broadcasts their AND: two steps,
+where a ring allreduce of a few words takes ``2 (N - 1)`` steps one after another):
 
 - a status word: 1 where this rank may settle (only cache bits: no new request, no shutdown, no stall
   abort, nothing blocked for the deadlock check, no joined rank, no timeline on rank 0);
@@ -82,7 +84,7 @@ class CycleExchange:
         self._channel = channel
         #: Whether steady-state cycles may be settled by the probe at all (``TORCHRING_CONTROL_PROBE``).
         self._probe_enabled = probe
-        #: Whether announcements go through rank 0 instead of the all-gather (``TORCHRING_CONTROL_GATHER_RANKS``).
+        #: Whether announcements and the probe go through rank 0 (``TORCHRING_CONTROL_GATHER_RANKS``).
         self.gathered = 0 < gather_ranks <= channel.size
         self._negotiator = negotiator
         self._cache = cache
@@ -144,7 +146,7 @@ class CycleExchange:
         chunks = [(mask >> (_WORD_BITS * i)) & _FULL for i in range(words)]
         vector = [int(announcement.settle), (1 << step) - 1, *map(_signed, chunks),
                   *(_signed(~chunk & _FULL) for chunk in chunks)]
-        result = self._channel.allreduce_and(vector)
+        result = self._channel.allreduce_and(vector, through_root=self.gathered)
         status, epochs, every, nobody = result[0], _unsigned(result[1]), result[2:2 + words], result[2 + words:]
         common = sum(_unsigned(w) << (_WORD_BITS * i) for i, w in enumerate(every))
         anyone = sum((~_unsigned(w) & _FULL) << (_WORD_BITS * i) for i, w in enumerate(nobody))

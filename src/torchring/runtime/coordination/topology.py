@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import pickle
-import socket
 from dataclasses import dataclass
-
-from ...environments import RankInfo
-from .control import ControlChannel
 
 
 @dataclass(frozen=True)
@@ -25,32 +20,37 @@ class Topology:
     homogeneous: bool = True
 
 
-def exchange_topology(info: RankInfo, control: ControlChannel, extra: tuple = ()) -> tuple[Topology, list[tuple]]:
-    """Fill in what ``info`` leaves unknown, consistently on every rank, with one exchange; ``extra`` rides
-    along (``init()`` sends its engine settings with it) and every rank's comes back, in rank order."""
-    hostname = info.hostname or socket.gethostname()
-    mine = (hostname, info.local_rank, info.local_size, info.cross_rank, info.cross_size)
-    everyone = [pickle.loads(p) for p in control.allgather_bytes(pickle.dumps((mine, extra)))]
-    return derive_topology(info.rank, [tuple(e[0]) for e in everyone]), [tuple(e[1]) for e in everyone]
+def derive_topologies(everyone: list[tuple]) -> list[Topology]:
+    """Every rank's topology given each rank's (hostname, local_rank, local_size, cross_rank, cross_size),
+    where the environment's values stand and the ``None`` ones are derived from host names: in ``O(N)``,
+    so that rank 0 can answer every rank of a large job."""
+    hostnames = [e[0] for e in everyone]
+    per_host: dict[str, int] = {}
+    position_on_host = []
+    for name in hostnames:
+        position_on_host.append(per_host.get(name, 0))
+        per_host[name] = per_host.get(name, 0) + 1
+    homogeneous = len(set(per_host.values())) == 1
+    # the local rank each rank's cross rank is grouped by: the environment's, else the host position
+    grouping = [e[1] if e[1] is not None else position_on_host[r] for r, e in enumerate(everyone)]
+    peers: dict[int, list[int]] = {}
+    for r, key in enumerate(grouping):
+        peers.setdefault(key, []).append(r)
+    position_in_group = {r: i for members in peers.values() for i, r in enumerate(members)}
+    topologies = []
+    for r, (hostname, local_rank, local_size, cross_rank, cross_size) in enumerate(everyone):
+        if local_rank is None or local_size is None:
+            local_rank, local_size = position_on_host[r], per_host[hostname]
+        if cross_rank is None or cross_size is None:
+            members = peers.get(local_rank, [])
+            if r not in position_in_group or grouping[r] != local_rank:
+                raise ValueError(f"rank {r}: its local rank {local_rank} disagrees with the other ranks'")
+            cross_rank, cross_size = position_in_group[r], len(members)
+        topologies.append(Topology(r, len(everyone), local_rank, local_size, cross_rank, cross_size, hostname,
+                                   homogeneous))
+    return topologies
 
 
 def derive_topology(rank: int, everyone: list[tuple]) -> Topology:
     """Topology of ``rank`` given each rank's (hostname, local_rank, local_size, cross_rank, cross_size)."""
-    size = len(everyone)
-    hostnames = [e[0] for e in everyone]
-    hostname, local_rank, local_size, cross_rank, cross_size = everyone[rank]
-    if local_rank is None or local_size is None:
-        same_host = [r for r in range(size) if hostnames[r] == hostname]
-        local_rank, local_size = same_host.index(rank), len(same_host)
-    if cross_rank is None or cross_size is None:
-        local_ranks = [
-            e[1] if e[1] is not None else [r for r in range(size) if hostnames[r] == e[0]].index(i)
-            for i, e in enumerate(everyone)
-        ]
-        peers = [r for r in range(size) if local_ranks[r] == local_rank]
-        cross_rank, cross_size = peers.index(rank), len(peers)
-    per_host: dict[str, int] = {}
-    for name in hostnames:
-        per_host[name] = per_host.get(name, 0) + 1
-    homogeneous = len(set(per_host.values())) == 1
-    return Topology(rank, size, local_rank, local_size, cross_rank, cross_size, hostname, homogeneous)
+    return derive_topologies(everyone)[rank]

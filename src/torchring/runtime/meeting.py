@@ -1,0 +1,96 @@
+"""The ranks meet in the rendezvous store before any process group is used: every rank posts its arrival
+with what the topology needs (its host name and what its environment said about local and cross ranks)
+and its engine values that every rank must share; rank 0 waits for every arrival, derives every rank's
+topology (``O(N)``) and posts each rank its own answer with rank 0's shared values.
+
+One wake-up of all ranks, no process-group connection, and each rank reads one small answer whatever the
+job's size (rank 0 reads ``N`` arrivals and writes ``N`` answers, as the coordinator of the control plane
+does). Values are JSON and signed with the job's secret (``store_auth``); an arrival or answer another
+process wrote is refused with its key named. A rank that never comes is named in the error, after the
+start timeout (``TORCHRING_START_TIMEOUT``), not the collective timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Sequence
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from ..environments import RankInfo
+from ..store_auth import AuthenticatedStore
+from .coordination.topology import Topology, derive_topologies
+
+__all__ = ["meet"]
+
+
+def _arrival_key(prefix: str, rank: int) -> str:
+    return f"{prefix}/arrived/{rank}"
+
+
+def _answer_key(prefix: str, rank: int) -> str:
+    return f"{prefix}/topology/{rank}"
+
+
+def meet(store: AuthenticatedStore, prefix: str, info: RankInfo, shared: Sequence[int],
+         timeout: timedelta) -> tuple[Topology, list[tuple[int, ...]]]:
+    """This rank's topology and the shared engine values: every rank's on rank 0 (in rank order), rank 0's
+    alone elsewhere. Every rank of the job calls it once per generation ``prefix``."""
+    hostname = info.hostname or socket.gethostname()
+    mine = [hostname, info.local_rank, info.local_size, info.cross_rank, info.cross_size]
+    if info.size == 1:
+        return derive_topologies([tuple(mine)])[0], [tuple(shared)]
+    store.set(_arrival_key(prefix, info.rank), json.dumps([mine, list(shared)]))
+    if info.rank == 0:
+        return _answer_everyone(store, prefix, info.size, timeout)
+    answer = _wait_and_read(store, [_answer_key(prefix, info.rank)], prefix, info.size, timeout)[0]
+    local_rank, local_size, cross_rank, cross_size, homogeneous, rank0_shared = answer
+    topology = Topology(info.rank, info.size, local_rank, local_size, cross_rank, cross_size, hostname,
+                        bool(homogeneous))
+    return topology, [tuple(rank0_shared)]
+
+
+def _answer_everyone(store: AuthenticatedStore, prefix: str, size: int,
+                     timeout: timedelta) -> tuple[Topology, list[tuple[int, ...]]]:
+    arrivals = _wait_and_read(store, [_arrival_key(prefix, r) for r in range(size)], prefix, size, timeout)
+    everyone = [tuple(arrival[0]) for arrival in arrivals]
+    shared = [tuple(arrival[1]) for arrival in arrivals]
+    try:
+        topologies = derive_topologies(everyone)
+    except ValueError as error:
+        raise RuntimeError(f"torchring cannot derive the job's topology: {error}. Check the LOCAL_RANK and "
+                           "LOCAL_WORLD_SIZE (or the scheduler's) variables of every rank.") from None
+    keys = [_answer_key(prefix, r) for r in range(1, size)]
+    answers = [json.dumps([t.local_rank, t.local_size, t.cross_rank, t.cross_size, t.homogeneous, shared[0]])
+               for t in topologies[1:]]
+    store.set_many(keys, answers)
+    return topologies[0], shared
+
+
+def _wait_and_read(store: AuthenticatedStore, keys: list[str], prefix: str, size: int,
+                   timeout: timedelta) -> list:
+    """The verified JSON values of ``keys``, once they all exist."""
+    try:
+        store.raw.wait(keys, timeout)
+    except dist.DistStoreError:
+        missing = [r for r in range(size) if not store.check([_arrival_key(prefix, r)])]
+        if not missing:
+            raise RuntimeError(f"torchring rendezvous timed out after {timeout.total_seconds():.0f}s: every "
+                               "rank arrived but rank 0 never answered. Check rank 0's output.") from None
+        raise RuntimeError(
+            f"torchring rendezvous timed out after {timeout.total_seconds():.0f}s: rank(s) {missing} of "
+            f"{size} never called hvd.init(). Check their output; raise TORCHRING_START_TIMEOUT if they start slowly."
+        ) from None
+    multi_get = getattr(store.raw, "multi_get", None)
+    raw_values = multi_get(keys) if multi_get is not None and len(keys) > 1 else [store.raw.get(k) for k in keys]
+    values = []
+    for key, raw in zip(keys, raw_values, strict=True):
+        value = store.verified(key, bytes(raw))
+        if value is None:
+            raise RuntimeError(f"torchring rendezvous: the value of {key!r} in the store was not written by this "
+                               "job (not signed with its secret); another process may be using the same "
+                               "store address. Start the job again on a free port.")
+        values.append(json.loads(value))
+    return values

@@ -1,0 +1,73 @@
+"""The ranks' meeting in a real TCPStore (threads as ranks): every rank's topology and rank 0's shared
+values through rank 0, a rank that never comes named, a value another process wrote refused."""
+
+import socket
+import threading
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from torchring.environments import RankInfo
+from torchring.runtime.meeting import meet
+from torchring.store_auth import AuthenticatedStore, JobCredentials
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def server():
+    port = _free_port()
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=10),
+                          wait_for_workers=False)
+    yield port, store
+
+
+def _meet_all(port, infos, credentials, timeout=timedelta(seconds=10)):
+    results, errors = [None] * len(infos), [None] * len(infos)
+
+    def run(index, info):
+        client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout, wait_for_workers=False)
+        try:
+            results[index] = meet(AuthenticatedStore(client, credentials), "gen1", info, (info.rank * 10, 7), timeout)
+        except RuntimeError as error:
+            errors[index] = str(error)
+
+    threads = [threading.Thread(target=run, args=(i, info)) for i, info in enumerate(infos)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return results, errors
+
+
+def test_every_rank_learns_its_topology_and_rank_0s_shared_values(server):
+    port, _ = server
+    hosts = ["a", "a", "b", "b"]
+    infos = [RankInfo(rank=r, size=4, hostname=hosts[r]) for r in range(4)]
+    results, errors = _meet_all(port, infos, JobCredentials.new())
+    assert errors == [None] * 4
+    topologies = [result[0] for result in results]
+    assert [(t.local_rank, t.local_size, t.cross_rank, t.cross_size) for t in topologies] == \
+        [(0, 2, 0, 2), (1, 2, 0, 2), (0, 2, 1, 2), (1, 2, 1, 2)]
+    assert all(t.homogeneous and t.size == 4 for t in topologies)
+    assert results[0][1] == [(0, 7), (10, 7), (20, 7), (30, 7)]  # rank 0 sees everyone's (it warns on mismatch)
+    assert all(result[1] == [(0, 7)] for result in results[1:])  # the others get rank 0's
+
+
+def test_a_rank_that_never_comes_is_named_on_every_rank_that_waited(server):
+    port, _ = server
+    infos = [RankInfo(rank=r, size=3, hostname="h") for r in (0, 1)]  # rank 2 never calls init()
+    _, errors = _meet_all(port, infos, JobCredentials.new(), timeout=timedelta(seconds=1))
+    assert all("rank(s) [2] of 3 never called hvd.init()" in error for error in errors)
+
+
+def test_an_arrival_another_process_wrote_is_refused_with_its_key(server):
+    port, store = server
+    store.set("gen1/arrived/1", b'[["h", null, null, null, null], [1, 2]]')  # unsigned: not from the job
+    _, errors = _meet_all(port, [RankInfo(rank=0, size=2, hostname="h")], JobCredentials.new())
+    assert "'gen1/arrived/1'" in errors[0] and "not written by this job" in errors[0]

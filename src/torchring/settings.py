@@ -183,8 +183,9 @@ VARIABLES: tuple[Variable, ...] = (
          "at init (torch's TORCH_GLOO_LAZY_INIT, where this torch has it); 0: full mesh at init (see "
          "docs/scale.md)"),
     _own("CONTROL_GATHER_RANKS", _count, 16,
-         "from this many ranks on, cycles with new requests go through rank 0 (gather, then one reply to "
-         "every rank) instead of the all-gather; 0: never (rank 0's value applies; see docs/scale.md)"),
+         "from this many ranks on, cycles go through rank 0: new requests (gather, then one reply to every "
+         "rank) instead of the all-gather, and the steady-state probe's AND; 0: never (rank 0's value "
+         "applies; see docs/scale.md)"),
     _own("HANG_TIMEOUT", _non_negative, 300.0,
          "read by torchring run: seconds without progress before the hang detector ends the job; 0: off "
          "(--hang-timeout wins)"),

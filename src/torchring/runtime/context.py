@@ -267,7 +267,10 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
             clock.lap("store")
             prefix = generation_prefix(_generation)
         signed = AuthenticatedStore(store, credentials)
-        topology, shared_values = meet(signed, prefix, info, _shared_engine_values(settings), rendezvous_timeout)
+        # an elastic generation's ranks have all arrived (``join``): its meeting waits like a collective, so
+        # that a rank lost meanwhile fails this generation in time for the launcher to publish the next
+        meeting_timeout = timeout if isinstance(environment, ElasticLauncherEnvironment) else rendezvous_timeout
+        topology, shared_values = meet(signed, prefix, info, _shared_engine_values(settings), meeting_timeout)
         engine_settings = _engine_settings(shared_values, info.rank, settings)
         clock.lap("rendezvous")
         control_group = data_group = None

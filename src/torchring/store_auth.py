@@ -143,20 +143,21 @@ class AuthenticatedStore:
 
     def set(self, key: str, value: bytes | str) -> None:
         """Store ``value`` under ``key``, signed."""
-        data = value.encode() if isinstance(value, str) else bytes(value)
-        self.raw.set(key, sign(self.credentials.secret, self.credentials.job_id, key, data))
+        self.raw.set(key, self._signed(key, value))
 
     def set_many(self, keys: Sequence[str], values: Sequence[bytes | str]) -> None:
         """Store each of ``values`` under its key, signed, in one request where the store has ``multi_set``."""
-        signed = [sign(self.credentials.secret, self.credentials.job_id, key,
-                       value.encode() if isinstance(value, str) else bytes(value))
-                  for key, value in zip(keys, values, strict=True)]
+        signed = [self._signed(key, value) for key, value in zip(keys, values, strict=True)]
         multi_set = getattr(self.raw, "multi_set", None)
         if multi_set is not None:
             multi_set(list(keys), signed)
             return
         for key, value in zip(keys, signed, strict=True):
             self.raw.set(key, value)
+
+    def _signed(self, key: str, value: bytes | str) -> bytes:
+        data = value.encode() if isinstance(value, str) else bytes(value)
+        return sign(self.credentials.secret, self.credentials.job_id, key, data)
 
     def check(self, keys: Sequence[str]) -> bool:
         """Whether all ``keys`` exist (their values are not verified)."""

@@ -42,10 +42,9 @@ def derive_topologies(everyone: list[tuple]) -> list[Topology]:
         if local_rank is None or local_size is None:
             local_rank, local_size = position_on_host[r], per_host[hostname]
         if cross_rank is None or cross_size is None:
-            members = peers.get(local_rank, [])
-            if r not in position_in_group or grouping[r] != local_rank:
+            if grouping[r] != local_rank:  # the environment gave a local rank but no local size
                 raise ValueError(f"rank {r}: its local rank {local_rank} disagrees with the other ranks'")
-            cross_rank, cross_size = position_in_group[r], len(members)
+            cross_rank, cross_size = position_in_group[r], len(peers[local_rank])
         topologies.append(Topology(r, len(everyone), local_rank, local_size, cross_rank, cross_size, hostname,
                                    homogeneous))
     return topologies

@@ -35,9 +35,10 @@ MAIN = "main"
 
 _lock = threading.Lock()
 _clients: dict[tuple[str, int, str], dist.Store] = {}
-#: The clients known to reach their server during the current ``one_start_up()`` (opened or checked).
-_confirmed: set[tuple[str, int, str]] = set()
-_in_start_up = False
+#: The clients known to reach their server during the current ``one_start_up()`` (opened or checked);
+#: None outside one.
+_confirmed: set[tuple[str, int, str]] | None = None
+
 
 def _answers(client: dist.Store) -> bool:
     """Whether the server behind ``client`` still answers (a restarted or lost server refuses)."""
@@ -54,10 +55,10 @@ def store_client(host: str, port: int, timeout: timedelta, role: str = MAIN) -> 
     key = (host, port, role)
     with _lock:
         client = _clients.get(key)
-        if client is None or not (key in _confirmed or _answers(client)):
+        if client is None or not ((_confirmed is not None and key in _confirmed) or _answers(client)):
             client = dist.TCPStore(host, port, is_master=False, timeout=timeout, wait_for_workers=False)
             _clients[key] = client
-        if _in_start_up:
+        if _confirmed is not None:
             _confirmed.add(key)
         client.set_timeout(timeout)
         return client
@@ -67,7 +68,8 @@ def discard_store_client(host: str, port: int, role: str) -> None:
     """Never hand out this client again (a thread may still be inside it)."""
     with _lock:
         _clients.pop((host, port, role), None)
-        _confirmed.discard((host, port, role))
+        if _confirmed is not None:
+            _confirmed.discard((host, port, role))
 
 
 @contextmanager
@@ -75,16 +77,14 @@ def one_start_up() -> Iterator[None]:
     """Within it (one ``init()``), a client is asked whether its server answers only the first time it is
     handed out: ``init()`` hands out the clients it opened a moment before, and a round trip per client
     while every rank starts at once cost 30-60 ms of start-up at 32 ranks here."""
-    global _in_start_up
+    global _confirmed
     with _lock:
-        _in_start_up = True
-        _confirmed.clear()
+        _confirmed = set()
     try:
         yield
     finally:
         with _lock:
-            _in_start_up = False
-            _confirmed.clear()
+            _confirmed = None
 
 
 _LAZY_VARIABLE = "TORCH_GLOO_LAZY_INIT"

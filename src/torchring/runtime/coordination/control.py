@@ -95,6 +95,15 @@ def allgather_wire_bytes(payload_lengths: Sequence[int]) -> int:
     return total
 
 
+def _and_of_rows(gathered: torch.Tensor, size: int) -> torch.Tensor:
+    """The bitwise AND of the ``size`` equal parts of ``gathered`` (one per rank, in rank order)."""
+    rows = gathered.view(size, -1)
+    result = rows[0].clone()
+    for row in rows[1:]:
+        result &= row
+    return result
+
+
 class GlooControlChannel:
     """All-gathers one byte string per rank over a Gloo group.
 
@@ -210,10 +219,7 @@ class GlooControlChannel:
         if and_by_allgather(len(words), self.size):
             gathered = torch.empty(self.size * len(words), dtype=torch.int64)
             self._allgather(gathered, tensor)
-            result = gathered[:len(words)].clone()
-            for rank in range(1, self.size):
-                result &= gathered[rank * len(words):(rank + 1) * len(words)]
-            return result.tolist()
+            return _and_of_rows(gathered, self.size).tolist()
         options = dist.AllreduceOptions()
         options.reduceOp = dist.ReduceOp.BAND
         self.group.allreduce([tensor], options).wait()
@@ -224,9 +230,7 @@ class GlooControlChannel:
         gathered = torch.empty(self.size * tensor.numel(), dtype=torch.int64) if self.rank == 0 else None
         self._gather(tensor.view(torch.uint8), None if gathered is None else gathered.view(torch.uint8), width)
         if gathered is not None:
-            tensor = gathered.view(self.size, -1)[0].clone()
-            for row in gathered.view(self.size, -1)[1:]:
-                tensor &= row
+            tensor = _and_of_rows(gathered, self.size)
         assert self.group is not None
         self.group.broadcast([tensor], dist.BroadcastOptions()).wait()
         return tensor.tolist()

@@ -185,7 +185,7 @@ class Engine:
     # ---- the engine thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
-        idle = False
+        idle = True  # the first cycle starts with the first request (or a peer's wake-up)
         epoch = 0
         try:
             while True:

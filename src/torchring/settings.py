@@ -161,6 +161,10 @@ VARIABLES: tuple[Variable, ...] = (
          "seconds every rank must wait for collectives no rank can complete before the job is declared "
          "deadlocked (ranks diverged); 0: never (rank 0's value applies)"),
     _own("IDLE_AFTER_MS", _number, 0.0, "milliseconds engines keep cycling without work before blocking"),
+    _own("GC_FREEZE", _flag, True,
+         "at init(), gc.freeze() the objects alive then (imports, model, data), so that Python's full garbage "
+         "collections stop walking them again (each walk took ~90 ms per process here); 0: leave the collector "
+         "alone"),
     _own("GIL_SWITCH_INTERVAL_MS", _number, None,
          "sys.setswitchinterval at init() (unset: the program's own, 5 ms by Python's default)"),
     _own("METRICS_PORT", _port, None, "each rank serves Prometheus metrics on this port + its local rank"),
@@ -228,6 +232,7 @@ class Settings:
     gradient_lane: bool = True
     deadlock_timeout: float = 5.0
     idle_after_ms: float = 0.0
+    gc_freeze: bool = True
     gil_switch_interval_ms: float | None = None
     metrics_port: int | None = None
     metrics_publish: bool = False

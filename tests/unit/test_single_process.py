@@ -31,6 +31,24 @@ def test_init_shutdown_init_in_one_process():
         assert not hvd.is_initialized()
 
 
+def test_init_takes_the_objects_alive_then_out_of_full_collections_unless_told_not_to(monkeypatch):
+    import gc
+
+    gc.unfreeze()
+    alive = [[] for _ in range(100)]  # tracked by the collector before init()
+    try:
+        monkeypatch.setenv("TORCHRING_GC_FREEZE", "0")
+        hvd.init()
+        hvd.shutdown()
+        assert gc.get_freeze_count() == 0
+        monkeypatch.delenv("TORCHRING_GC_FREEZE")
+        hvd.init()
+        hvd.shutdown()
+        assert gc.get_freeze_count() >= len(alive)
+    finally:
+        gc.unfreeze()
+
+
 def test_collectives_with_one_rank(initialized):
     tensor = torch.arange(6.0).reshape(2, 3)
     assert torch.equal(hvd.allreduce(tensor), tensor)

@@ -48,7 +48,7 @@ from .meeting import meet
 from .names import skip_auto_name
 from .observe.flight_recorder import NULL_RECORDER, Recorder, open_recorder
 from .observe.timeline import NullTimeline, TimelineWriter
-from .startup import StepClock, gloo_group, one_start_up, store_client
+from .startup import StepClock, freeze_long_lived_objects, gloo_group, one_start_up, store_client
 
 logger = logging.getLogger("torchring")
 
@@ -242,6 +242,7 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
         settings = Settings.from_env() if settings is None else settings
         if settings.log_level is not None:
             logger.setLevel(settings.log_level)
+        freeze_long_lived_objects(settings.gc_freeze)
         _apply_gil_switch_interval(settings)
         clock = StepClock()
         rendezvous_timeout, timeout = start_timeout(settings), collective_timeout(settings)

@@ -53,3 +53,10 @@ def test_the_step_clock_adds_up_the_time_of_each_step_in_order():
     assert list(clock.seconds) == ["store", "groups"]
     assert all(seconds >= 0 for seconds in clock.seconds.values())
     assert clock.summary().startswith("store ") and "total" in clock.summary()
+
+
+def test_groups_are_not_counted_on_to_connect_lazily_where_the_program_turned_it_off(monkeypatch):
+    from torchring.runtime.startup import lazy_connection_available
+
+    monkeypatch.setenv("TORCH_GLOO_LAZY_INIT", "0")
+    assert not lazy_connection_available()

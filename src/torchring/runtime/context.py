@@ -48,7 +48,14 @@ from .meeting import meet
 from .names import skip_auto_name
 from .observe.flight_recorder import NULL_RECORDER, Recorder, open_recorder
 from .observe.timeline import NullTimeline, TimelineWriter
-from .startup import StepClock, freeze_long_lived_objects, gloo_group, one_start_up, store_client
+from .startup import (
+    StepClock,
+    freeze_long_lived_objects,
+    gloo_group,
+    lazy_connection_available,
+    one_start_up,
+    store_client,
+)
 
 logger = logging.getLogger("torchring")
 
@@ -217,6 +224,18 @@ def _data_groups(store: dist.Store, base: str, set_rank: int, size: int, timeout
     return DataGroups(cpu=cpu, cuda=_cuda_group(dist.PrefixStore(f"{base}/nccl", store), set_rank, size, timeout))
 
 
+def _job_groups(store: dist.Store, prefix: str, rank: int, size: int, timeout: timedelta, lazy: bool,
+                clock: StepClock) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
+    """The job's control group and CPU data group (none for a job of one rank)."""
+    if size == 1:
+        return None, None
+    control_group = gloo_group(dist.PrefixStore(f"{prefix}/control", store), rank, size, timeout, lazy)
+    clock.lap("control group")
+    data_group = gloo_group(dist.PrefixStore(f"{prefix}/data", store), rank, size, timeout, lazy)
+    clock.lap("data group")
+    return control_group, data_group
+
+
 def _group_factory(store: dist.Store, prefix: str, timeout: timedelta,
                    lazy: bool) -> Callable[[int, tuple[int, ...], int], DataGroups]:
     """Creates the Gloo (and NCCL) groups of a process set; called by its members only."""
@@ -271,17 +290,23 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
         # an elastic generation's ranks have all arrived (``join``): its meeting waits like a collective, so
         # that a rank lost meanwhile fails this generation in time for the launcher to publish the next
         meeting_timeout = timeout if isinstance(environment, ElasticLauncherEnvironment) else rendezvous_timeout
-        topology, shared_values = meet(signed, prefix, info, _shared_engine_values(settings), meeting_timeout)
+        lazy = settings.lazy_connect
+        groups: list[tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]] = []
+
+        def open_groups() -> None:
+            groups.append(_job_groups(store, prefix, info.rank, info.size, timeout, lazy, clock))
+
+        # Groups that connect on first use need nobody else: they are created while this rank waits for the
+        # others' arrivals. A full mesh would wait for every rank's group with the collective timeout, so it
+        # is created after the meeting, which names a rank that never came.
+        early = lazy and lazy_connection_available()
+        topology, shared_values = meet(signed, prefix, info, _shared_engine_values(settings), meeting_timeout,
+                                       meanwhile=open_groups if early else None)
         engine_settings = _engine_settings(shared_values, info.rank, settings)
         clock.lap("rendezvous")
-        control_group = data_group = None
-        lazy = settings.lazy_connect
-        if info.size > 1:
-            control_group = gloo_group(dist.PrefixStore(f"{prefix}/control", store), info.rank, info.size, timeout,
-                                       lazy)
-            clock.lap("control group")
-            data_group = gloo_group(dist.PrefixStore(f"{prefix}/data", store), info.rank, info.size, timeout, lazy)
-            clock.lap("data group")
+        if not early:
+            open_groups()
+        control_group, data_group = groups[0]
         data_groups = DataGroups(
             cpu=data_group, cuda=_cuda_group(dist.PrefixStore(f"{prefix}/nccl", store), info.rank, info.size, timeout)
         )

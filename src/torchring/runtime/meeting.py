@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -35,14 +35,18 @@ def _answer_key(prefix: str, rank: int) -> str:
 
 
 def meet(store: AuthenticatedStore, prefix: str, info: RankInfo, shared: Sequence[int],
-         timeout: timedelta) -> tuple[Topology, list[tuple[int, ...]]]:
+         timeout: timedelta, meanwhile: Callable[[], None] | None = None) -> tuple[Topology, list[tuple[int, ...]]]:
     """This rank's topology and the shared engine values: every rank's on rank 0 (in rank order), rank 0's
-    alone elsewhere. Every rank of the job calls it once per generation ``prefix``."""
+    alone elsewhere. Every rank of the job calls it once per generation ``prefix``. ``meanwhile`` runs once
+    this rank's arrival is posted, before it waits for the others (start-up work that needs no answer)."""
     hostname = info.hostname or socket.gethostname()
     mine = [hostname, info.local_rank, info.local_size, info.cross_rank, info.cross_size]
+    if info.size > 1:
+        store.set(_arrival_key(prefix, info.rank), json.dumps([mine, list(shared)]))
+    if meanwhile is not None:
+        meanwhile()
     if info.size == 1:
         return derive_topologies([tuple(mine)])[0], [tuple(shared)]
-    store.set(_arrival_key(prefix, info.rank), json.dumps([mine, list(shared)]))
     if info.rank == 0:
         return _answer_everyone(store, prefix, info.size, timeout)
     answer = _wait_and_read(store, [_answer_key(prefix, info.rank)], prefix, info.size, timeout)[0]

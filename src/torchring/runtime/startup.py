@@ -27,10 +27,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
-__all__ = ["StepClock", "discard_store_client", "freeze_long_lived_objects", "gloo_group", "one_start_up",
-           "store_client"]
+__all__ = ["StepClock", "discard_store_client", "freeze_long_lived_objects", "gloo_group",
+           "lazy_connection_available", "one_start_up", "store_client"]
 
 #: Role of the client ``init()`` itself uses (rendezvous, signed values, group set-up).
 MAIN = "main"
@@ -106,6 +107,14 @@ def freeze_long_lived_objects(enabled: bool) -> None:
 
 _LAZY_VARIABLE = "TORCH_GLOO_LAZY_INIT"
 _lazy_lock = threading.Lock()
+
+
+def lazy_connection_available() -> bool:
+    """Whether torchring's Gloo groups connect on first use: this torch reads ``TORCH_GLOO_LAZY_INIT``
+    (torch 2.8 is the oldest checked to, 2.4 does not) and the program did not turn it off."""
+    major, minor = (int(part) for part in torch.__version__.split(".")[:2])
+    turned_off = os.environ.get(_LAZY_VARIABLE, "1").strip().lower() in ("0", "false", "no", "off")
+    return (major, minor) >= (2, 8) and not turned_off
 
 
 def gloo_group(store: dist.Store, rank: int, size: int, timeout: timedelta, lazy: bool) -> dist.ProcessGroup:

@@ -26,4 +26,16 @@ def no_job_starts(monkeypatch):
     monkeypatch.setattr(run_cli, "run_job", no_job)
     monkeypatch.setattr(run_cli, "run_elastic_job", no_job)
 
+
+@pytest.fixture(scope="session")
+def local_mnist_run():
+    """One local 2-rank run of ``examples/mnist.py`` for one epoch, shared by the examples test and the
+    multi-host test's local reference (one job of ~15 s instead of two)."""
+    import sys
+
+    from tests.integration.jobs import ROOT, run_job
+
+    return run_job("run", "-np", "2", sys.executable, str(ROOT / "examples" / "mnist.py"), "--epochs", "1",
+                   "--log-interval", "5", timeout=400)
+
 collect_ignore = [] if os.environ.get("TORCHRING_PARALLEL_SUITE") == "1" else ["parallel"]

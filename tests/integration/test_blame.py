@@ -1,8 +1,9 @@
 """The right rank, within the bound, on real jobs: the rank that raised mid-training (a
-DistributedOptimizer loop and a plain DDP loop, at 2 and 3 ranks), ranks that diverged (a deadlock the
-engines confirm in seconds), a frozen rank under DistributedOptimizer, and a rank sleeping before a
-collective (reported one sampling interval after the timeout, with true durations). Each job leaves
-nothing behind. ``benchmarks/blame_statistics.py`` runs the same jobs many times with the machine busy."""
+DistributedOptimizer loop at 3 ranks and a plain DDP loop at 2: each mode and each size once), ranks
+that diverged (a deadlock the engines confirm in seconds), a frozen rank under DistributedOptimizer,
+and a rank sleeping before a collective (reported one sampling interval after the timeout, with true
+durations). Each job leaves nothing behind. ``benchmarks/blame_statistics.py`` runs the same jobs many
+times with the machine busy."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from .test_hang_detector import _Lines, _summary
 FAULT = python_script("fault_in_training.py")
 
 
-@pytest.mark.parametrize("mode,np", [("optimizer", 2), ("optimizer", 3), ("ddp", 2), ("ddp", 3)])
+@pytest.mark.parametrize("mode,np", [("optimizer", 3), ("ddp", 2)])
 def test_the_rank_that_raised_is_named_whichever_rank_exits_first(mode, np):
     result = run_job("run", "-np", str(np), *FAULT, mode, "raise", timeout=120)
     assert result.returncode == 1, result.stderr
@@ -42,7 +43,9 @@ def test_the_rank_that_raised_is_named_whichever_rank_exits_first(mode, np):
                       "rank 1: waiting in allreduce 'loss' (diverge_hvd.py:33), which rank 0 never submitted"]),
 ])
 def test_diverged_ranks_are_called_in_seconds_with_the_diff_and_the_odd_rank_blamed(np, case, expected):
-    process, marker = start_job("run", "--horovod-compat", "-np", str(np), *python_script("diverge_hvd.py"), case)
+    # these ranks really are deadlocked: a 2 s confirmation (default 5) runs the same watch, verdict and blame
+    process, marker = start_job("run", "--horovod-compat", "-np", str(np), *python_script("diverge_hvd.py"), case,
+                                env={"TORCHRING_DEADLOCK_TIMEOUT": "2"})
     lines = _Lines(process)
     lines.wait_for(r"\[1\]<stdout>:diverging")
     diverged = time.monotonic()
@@ -72,7 +75,7 @@ def test_the_deadlock_check_can_be_turned_off():
 
 
 def test_a_frozen_rank_under_distributed_optimizer_is_blamed_at_the_timeout_whatever_its_peer_does():
-    process, marker = start_job("run", "-np", "2", "--hang-timeout", "4", *FAULT, "optimizer", "pid", "1", "3")
+    process, marker = start_job("run", "-np", "2", "--hang-timeout", "3", *FAULT, "optimizer", "pid", "1", "3")
     lines = _Lines(process)
     pid = int(lines.wait_for(r"\[1\]<stdout>:training rank=1 pid=(\d+)").group(1))
     os.kill(pid, signal.SIGSTOP)
@@ -82,7 +85,7 @@ def test_a_frozen_rank_under_distributed_optimizer_is_blamed_at_the_timeout_what
     stderr = lines.text["stderr"]
     assert returncode == 1, stderr
     assert re.search(r"rank 1 \(pid \d+ on localhost\) froze \(process state T, stopped\)", _summary(stderr)), stderr
-    assert took < 4 + 2 * 1 + 4, stderr  # the timeout, a sample to see it frozen and one to call it, ending
+    assert took < 3 + 2 * 1 + 4, stderr  # the timeout, a sample to see it frozen and one to call it, ending
     assert wait_until_gone(marker) == []
 
 

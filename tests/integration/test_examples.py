@@ -6,9 +6,8 @@ import sys
 from .jobs import ROOT, run_job
 
 
-def test_horovod_style_mnist_example_trains():
-    result = run_job("run", "-np", "2", sys.executable, str(ROOT / "examples" / "mnist.py"), "--epochs", "1",
-                     "--log-interval", "5", timeout=300)
+def test_horovod_style_mnist_example_trains(local_mnist_run):
+    result = local_mnist_run
     assert result.returncode == 0, result.stderr
     rank0 = "\n".join(result.lines("stdout", 0))
     assert "Train Epoch: 1" in rank0

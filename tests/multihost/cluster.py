@@ -396,8 +396,11 @@ class Cluster:
         raise KeyError(f"no host named {host!r} in this cluster")
 
     def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
-        """A copy of ``base`` (default ``os.environ``) with :attr:`bin_dir` first in ``PATH``."""
+        """A copy of ``base`` (default ``os.environ``) with :attr:`bin_dir` first in ``PATH`` and one OpenMP
+        thread per rank unless ``base`` sets ``OMP_NUM_THREADS``: every namespace host shares this machine's
+        cores, so the launcher's per-host default (cores / ranks on the host) would oversubscribe them."""
         env = dict(os.environ if base is None else base)
+        env.setdefault("OMP_NUM_THREADS", "1")
         env["PATH"] = os.pathsep.join(part for part in (str(self.bin_dir), env.get("PATH", "")) if part)
         return env
 

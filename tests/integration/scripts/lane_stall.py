@@ -1,5 +1,6 @@
 """DistributedOptimizer on its bucket lane; then rank 1 comes ``LANE_DELAY`` seconds late to a step
-(or, with ``LANE_DIE=1``, exits instead): rank 0 must warn, give up, or fail with a clear error."""
+(rank 0 must warn, or give up) and, with ``LANE_DIE=1``, exits before the step after it (the job must
+fail with its exit code)."""
 
 import os
 import sys
@@ -26,15 +27,23 @@ def step() -> None:
 for _ in range(3):
     step()
 assert optimizer._lane is not None
+
+
+def step_or_exit() -> None:
+    try:
+        step()
+    except hvd.HorovodInternalError as error:
+        print(f"internal error: {error}", flush=True)
+        sys.stdout.flush()
+        os._exit(5)
+
+
 if hvd.rank() == 1:
-    if os.environ.get("LANE_DIE") == "1":
-        os._exit(3)
     time.sleep(float(os.environ["LANE_DELAY"]))
-try:
-    step()
-except hvd.HorovodInternalError as error:
-    print(f"internal error: {error}", flush=True)
-    sys.stdout.flush()
-    os._exit(5)
+step_or_exit()
 print("stepped", flush=True)
+if os.environ.get("LANE_DIE") == "1":
+    if hvd.rank() == 1:
+        os._exit(3)
+    step_or_exit()
 hvd.shutdown()

@@ -6,7 +6,7 @@ from .jobs import python_script, run_job
 def test_late_rank_on_the_lane_gets_a_stall_warning_and_a_dead_one_fails_the_job_with_its_exit_code():
     # one job for two faults in turn: rank 1 late to a step, then gone before the next
     result = run_job("run", "-np", "2", *python_script("lane_stall.py"),
-                     env={"LANE_DELAY": "1.8", "LANE_DIE": "1", "HOROVOD_STALL_CHECK_TIME_SECONDS": "1"})
+                     env={"LANE_DELAY": "2.5", "LANE_DIE": "1", "HOROVOD_STALL_CHECK_TIME_SECONDS": "1"})
     warnings = "\n".join(result.lines("stderr", 0))
     assert "gradient bucket 'bucket.0.2.bias'" in warnings, result.stderr
     assert "has waited 1 s for the other ranks" in warnings

@@ -300,8 +300,14 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
         # others' arrivals. A full mesh would wait for every rank's group with the collective timeout, so it
         # is created after the meeting, which names a rank that never came.
         early = lazy and lazy_connection_available()
-        topology, shared_values = meet(signed, prefix, info, _shared_engine_values(settings), meeting_timeout,
-                                       meanwhile=open_groups if early else None)
+        try:
+            topology, shared_values = meet(signed, prefix, info, _shared_engine_values(settings), meeting_timeout,
+                                           meanwhile=open_groups if early else None)
+        except BaseException:
+            for made in groups:  # their worker threads and sockets go now, not with the traceback
+                for group in made:
+                    DataGroups(group).shutdown()
+            raise
         engine_settings = _engine_settings(shared_values, info.rank, settings)
         clock.lap("rendezvous")
         if not early:

@@ -90,6 +90,10 @@ def one_start_up() -> Iterator[None]:
             _confirmed = None
 
 
+#: Whether an ``init()`` of this process froze the collector's objects already.
+_gc_frozen = False
+
+
 def freeze_long_lived_objects(enabled: bool) -> None:
     """``gc.freeze()`` (``TORCHRING_GC_FREEZE``, default on): the objects alive when ``init()`` starts (the
     program's imports, its model and data) move to the collector's permanent generation, which its full
@@ -100,9 +104,13 @@ def freeze_long_lived_objects(enabled: bool) -> None:
     that landed inside ``init()`` (which allocates more than a bare process group does), 32 ranks on 2 cores
     spent 1.3 s of start-up in it; in training the same walk is a pause of one rank that every other rank
     waits for at the next collective. Freezing costs nothing (the objects are moved, not visited), and what
-    it gives up is reclaiming cycles of objects that were already garbage when ``init()`` was called."""
-    if enabled:
+    it gives up is reclaiming cycles of objects that were already garbage when ``init()`` was called. Only
+    the first ``init()`` of a process freezes: a re-initialisation (an elastic reset) would also freeze the
+    previous runtime's uncollected garbage (a failed engine's cycle holds its buffers) for good."""
+    global _gc_frozen
+    if enabled and not _gc_frozen:
         gc.freeze()
+        _gc_frozen = True
 
 
 _LAZY_VARIABLE = "TORCH_GLOO_LAZY_INIT"

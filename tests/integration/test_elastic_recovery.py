@@ -19,7 +19,7 @@ from .jobs import wait_until_gone
 def test_a_hot_spare_takes_a_killed_workers_place_and_the_recovery_is_timed_and_exported():
     port = free_port()
     job = Launcher("-H", "localhost:4", "--min-np", "2", "--max-np", "3", "--spares", "1",
-                   "--metrics-port", str(port), "--metrics-address", "127.0.0.1", epochs=2)
+                   "--metrics-port", str(port), "--metrics-address", "127.0.0.1")
     job.wait_for(r"elastic job started with 3 workers on localhost$")
     spare = job.wait_for(r"hot spare (w\d+) on localhost standing by").group(1)
     while not any("progress epoch 0 batch 5" in line for line in job.stdout):  # training for a while

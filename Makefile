@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-torch-$(TORCH_VERSION)
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test multihost-deps image gpu-check lint clean
+.PHONY: venv demo test test-deps image gpu-check lint clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,17 +20,20 @@ demo: $(STAMP)
 
 # Unit+integration and multi-host tests run side by side (see tests/run_groups.py); PYTEST_ARGS reach
 # both, and PYTEST_ARGS that name test paths run just those.
-test: lint multihost-deps
+test: lint test-deps
 	$(BIN)/python tests/run_groups.py $(PYTEST_ARGS)
 
-# The multi-host tests run a cluster of network namespaces with one sshd each: as root, install
-# openssh-server when it is missing (elsewhere those tests skip and say why).
-multihost-deps:
-	@if [ "$$(id -u)" = 0 ] && [ ! -x /usr/sbin/sshd ] && command -v apt-get >/dev/null; then \
-		echo "installing openssh-server for the multi-host tests"; \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null \
-		|| (apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null) \
-		|| echo "could not install openssh-server: the multi-host tests will skip"; \
+# Debian packages the tests run for real, installed as root where they are missing (elsewhere those tests
+# skip and say why): openssh-server (the multi-host tests run a cluster of network namespaces with one
+# sshd each) and openmpi-bin (a real mpirun starts ranks in tests/integration/test_mpirun.py).
+test-deps:
+	@missing=""; [ -x /usr/sbin/sshd ] || missing=" openssh-server"; \
+	command -v mpirun >/dev/null || missing="$$missing openmpi-bin"; \
+	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing$$missing for the tests"; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null \
+		|| (apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null) \
+		|| echo "could not install $$missing: the tests that need it will skip"; \
 	fi
 
 # The CPU image torchring:cpu (docker/Dockerfile.cpu), with or without registry access: docker/make_image.sh

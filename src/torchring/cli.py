@@ -1,4 +1,5 @@
-"""The ``torchring`` command: ``run``, ``dump``, ``bench``, ``doctor``, ``timeline``, ``k8s`` and ``--version``."""
+"""The ``torchring`` command: ``run``, ``dump``, ``bench``, ``doctor``, ``timeline``, ``k8s``, ``horovod-shim``
+and ``--version``."""
 
 from __future__ import annotations
 
@@ -42,7 +43,33 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="benchmark collectives and training (starts its own ranks)",
                                 description="Benchmark torchring against raw torch.distributed, DDP and Horovod.")
     add_bench_arguments(bench)
+    shim = commands.add_parser("horovod-shim", help="make `import horovod.torch` torchring in this Python environment",
+                               description="Install (or remove) torchring's horovod shim for every process of this "
+                                           "Python environment, for launchers that cannot add it themselves "
+                                           "(mpirun, srun). torchring run --horovod-compat needs none of this.")
+    shim.add_argument("action", choices=("install", "remove", "status"))
     return parser
+
+
+def _horovod_shim(action: str) -> int:
+    from .compat import site_shim
+
+    if action == "status":
+        print(site_shim.status())
+        return 0
+    if action == "remove":
+        removed = site_shim.remove()
+        target = site_shim.site_packages() / site_shim.PTH_NAME
+        print(f"removed {removed}" if removed else f"nothing to remove: {target} does not exist")
+        return 0
+    try:
+        target = site_shim.install()
+    except (site_shim.ShimError, OSError) as error:
+        print(f"torchring horovod-shim: error: {error}", file=sys.stderr)
+        return 1
+    print(f"wrote {target}: `import horovod.torch` is torchring for every process of this environment "
+          "(undo: torchring horovod-shim remove)")
+    return 0
 
 
 def _bench(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
@@ -77,6 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_doctor(args)
     if args.subcommand == "timeline":
         return run_timeline(args)
+    if args.subcommand == "horovod-shim":
+        return _horovod_shim(args.action)
     if args.subcommand == "k8s":
         return run_k8s(args)
     parser.print_help()

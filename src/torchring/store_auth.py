@@ -31,7 +31,7 @@ from typing import Any, Protocol
 from .contract import JOB_ID, JOB_SECRET
 
 __all__ = ["DEFAULT_MAX_BYTES", "TAG_BYTES", "AuthenticatedStore", "JobCredentials", "RawStore",
-           "job_credentials", "read_credentials", "require_credentials", "sign", "verify"]
+           "adopt_credentials", "job_credentials", "read_credentials", "require_credentials", "sign", "verify"]
 
 logger = logging.getLogger("torchring")
 
@@ -115,6 +115,15 @@ def job_credentials() -> JobCredentials:
         if _credentials is None:
             _credentials = read_credentials(os.environ)
         return _credentials
+
+
+def adopt_credentials(credentials: JobCredentials) -> None:
+    """Use ``credentials`` as this process's, unless it was given a secret already (by a launcher):
+    ranks that a scheduler started agree on a fresh secret among themselves (``environments.mpi``)."""
+    global _credentials
+    with _credentials_lock:
+        current = _credentials if _credentials is not None else read_credentials(os.environ)
+        _credentials = current if current.authenticated else credentials
 
 
 def require_credentials(what: str) -> JobCredentials:

@@ -1,5 +1,8 @@
 """Rank discovery: one class per launcher, detected from the environment."""
 
+import socket
+import sys
+
 import pytest
 
 from torchring.environments import (
@@ -10,8 +13,10 @@ from torchring.environments import (
     TorchringLauncherEnvironment,
     TorchrunEnvironment,
     detect_environment,
+    mpi_bootstrap,
 )
 from torchring.environments.slurm import first_host
+from torchring.network import interface_addresses
 
 
 def test_no_variables_means_a_single_process():
@@ -82,16 +87,26 @@ def test_slurm_first_host(nodelist, first):
     assert first_host(nodelist) == first
 
 
-def test_open_mpi_variables_need_a_store_address():
+def test_open_mpi_without_an_address_or_mpi4py_says_what_to_install_or_set(monkeypatch):
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # import mpi4py fails, as where it is not installed
     env = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
            "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
     environment = detect_environment(env)
     assert isinstance(environment, MPIEnvironment)
     assert environment.rank_info().local_size == 2
-    with pytest.raises(LaunchEnvironmentError, match="MASTER_ADDR"):
-        environment.rendezvous()
+    with pytest.raises(LaunchEnvironmentError, match=r"install mpi4py .*torchring\[mpi\].*-x MASTER_ADDR="):
+        environment.prepare()
     env.update(MASTER_ADDR="head", MASTER_PORT="7000")
-    assert detect_environment(env).rendezvous().host == "head"
+    given = detect_environment(env)
+    given.prepare()  # an address given: nothing to learn over MPI
+    assert given.rendezvous().host == "head"
+
+
+def test_rank_0s_store_is_reached_over_loopback_on_its_host_and_never_at_an_address_this_host_holds():
+    assert mpi_bootstrap._reachable(socket.gethostname(), ["198.51.100.7"]) == "127.0.0.1"
+    own = [address for address in interface_addresses().values() if not address.startswith("127.")]
+    with pytest.raises(RuntimeError, match="none of rank 0's addresses .* MASTER_ADDR"):
+        mpi_bootstrap._reachable("another-host", own)
 
 
 def test_pmi_variables():

@@ -17,7 +17,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 #: Lowest first. Each entry: the module prefixes (relative to ``torchring``) of one layer.
 LAYERS: list[tuple[str, ...]] = [
     # leaf modules shared by every side: names, errors, settings, signing
-    ("contract", "exceptions", "reduction", "compression", "version", "capabilities", "store_auth",
+    ("contract", "exceptions", "reduction", "compression", "version", "capabilities", "store_auth", "network",
      "rank_failure", "settings", "compat"),
     ("environments",),
     ("metrics",),

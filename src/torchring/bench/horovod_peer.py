@@ -121,7 +121,7 @@ _SERVERS: list[object] = []
 
 
 def _interface_of(address: str) -> str | None:
-    from ..launch.spawn.network import interface_of, route_source
+    from ..network import interface_of, route_source
 
     if address in ("127.0.0.1", "localhost"):
         return "lo"

@@ -48,6 +48,10 @@ class ClusterEnvironment(ABC):
     def detect(cls, env: Mapping[str, str]) -> bool:
         """True when ``env`` shows that this environment started the process."""
 
+    def prepare(self) -> None:  # noqa: B027 - optional: most environments have nothing to learn
+        """Learn what the variables do not say, before the job's secret is read and the store is opened
+        (the MPI environment agrees on rank 0's address over MPI). Collective where it communicates."""
+
     @abstractmethod
     def rank_info(self) -> RankInfo:
         """Rank, size and whatever local/cross topology this environment knows."""

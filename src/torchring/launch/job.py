@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from .. import settings
 from ..contract import METRICS_PUBLISH
+from ..network import address_of, route_source
 from ..store_auth import AuthenticatedStore
 from .elastic.discovery import HostDiscovery
 from .elastic.driver import ElasticDriver
@@ -42,7 +43,6 @@ from .elastic.recovery import RecoveryClock
 from .hosts import HostSlots, assign_ranks, is_local_host
 from .rendezvous import ALL_INTERFACES, LOOPBACK, RendezvousServer
 from .spawn.containers import ContainerOptions
-from .spawn.network import address_of, route_source
 from .spawn.preflight import PreflightError, require_hosts
 from .spawn.rank_env import EnvironmentPlan, topology_variables
 from .spawn.spawner import ProcessName, Spawner, SpawnSettings

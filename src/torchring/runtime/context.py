@@ -266,6 +266,7 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
         clock = StepClock()
         rendezvous_timeout, timeout = start_timeout(settings), collective_timeout(settings)
         environment = detect_environment()
+        environment.prepare()
         credentials = job_credentials()  # takes the job's secret out of the environment
         _generation += 1
         first_step_key = None

@@ -18,8 +18,8 @@ import sys
 from importlib import metadata
 from typing import Any
 
+from ...network import interface_of
 from .containers import host_has_nvidia_gpus
-from .network import interface_of
 
 
 def _installed_version(module: str) -> tuple[str | None, str | None]:

@@ -9,8 +9,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from ...network import address_of
 from ...version import __version__
-from .network import address_of
 from .ssh import HostReport, SshOptions, preflight_problems, probe_hosts
 
 

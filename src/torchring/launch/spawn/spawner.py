@@ -38,12 +38,12 @@ from typing import BinaryIO
 
 from ...compat import SHIM_PATH
 from ...contract import FLIGHT_RECORD_FILE, JOB_SECRET, STACK_FILE
+from ...network import interface_of
 from ...store_auth import JobCredentials
 from ..hosts import is_local_host
 from ..sampling.stack_probe import STACK_HOOK_PATH, Probe, StackProbe, prepare_stack_files
 from .containers import ContainerOptions, container_name, docker_run_argv, host_has_nvidia_gpus, stop_argv
 from .local import spawn_local
-from .network import interface_of
 from .output import OutputRelay
 from .rank_env import EnvironmentPlan, Placement, rank_environment
 from .remote_link import CONTROL_PREFIX, RemoteLink, RemoteLinks, RemoteProbe

@@ -60,7 +60,14 @@ def wait_for_launcher(process, text, lines, timeout=60):
 
 
 def finish(process, lines, timeout=240):
-    out, err = process.communicate(timeout=timeout)
+    """The job's whole output once it ends; past ``timeout`` the launcher is stopped (SIGTERM ends its ranks on
+    every host) before the test fails, so that no later test finds this job's processes on the hosts."""
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.terminate()
+        out, err = process.communicate(timeout=60)
+        raise AssertionError(f"the job did not end within {timeout} s; its launcher's log:\n{err[-4000:]}") from None
     return "".join(lines) + out, err
 
 

@@ -2,13 +2,13 @@
 with nothing set by hand; rank 0's address is one of h1's that h2 reaches, agreed over MPI."""
 
 import os
-import re
 import shutil
 import subprocess
 import sys
 
 import pytest
 
+from ..integration.test_mpirun import _probes
 from .test_multihost_launch import ROOT, assert_hosts_empty
 
 MPIRUN = shutil.which("mpirun")
@@ -26,8 +26,7 @@ def test_mpirun_across_two_hosts_needs_no_variables(cluster):
                              sys.executable, str(PROBE)], cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
-    probes = {int(f["rank"]): f for f in (dict(re.findall(r"(\w+)=(\S+)", line))
-                                          for line in result.stdout.splitlines() if line.startswith("PROBE "))}
+    probes = _probes(result.stdout)
     assert sorted(probes) == [0, 1, 2, 3], result.stdout + result.stderr
     assert [probes[r]["local"] for r in range(4)] == ["0/2", "1/2", "0/2", "1/2"]
     assert [probes[r]["cross"] for r in range(4)] == ["0/2", "0/2", "1/2", "1/2"]

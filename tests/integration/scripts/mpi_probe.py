@@ -1,6 +1,7 @@
 """An unchanged torchring script, as mpirun starts it: one line per rank with what it learnt."""
 
 import os
+import sys
 
 import torch
 
@@ -11,7 +12,9 @@ hvd.init()
 total = hvd.allreduce(torch.tensor([float(hvd.rank())]), op=hvd.Sum, name="mpi.probe")
 runtime = context.current()
 secret_in_environment = any(name.endswith("JOB_SECRET") for name in os.environ)
-print(f"PROBE rank={hvd.rank()} size={hvd.size()} local={hvd.local_rank()}/{hvd.local_size()} "
-      f"cross={hvd.cross_rank()}/{hvd.cross_size()} sum={total.item():.0f} via={runtime.environment.name} "
-      f"signed={runtime.signed.credentials.authenticated} secret_in_env={secret_in_environment}", flush=True)
+# one write per line: mpirun relays each rank's output in chunks, and print() writes the newline apart
+sys.stdout.write(f"PROBE rank={hvd.rank()} size={hvd.size()} local={hvd.local_rank()}/{hvd.local_size()} "
+                 f"cross={hvd.cross_rank()}/{hvd.cross_size()} sum={total.item():.0f} via={runtime.environment.name} "
+                 f"signed={runtime.signed.credentials.authenticated} secret_in_env={secret_in_environment}\n")
+sys.stdout.flush()
 hvd.shutdown()

@@ -44,9 +44,10 @@ from .requests import DATA_OPS, OpType, Request
 #: A burst of submissions counts as over once no request came for this long.
 BURST_SETTLE_S = 0.0002
 #: How long a rank woken by another with nothing queued waits for its own request: at most what the last
-#: cycle cost (before any cycle, ``FIRST_WAKE_GRACE_S``), never more than ``MAX_WAKE_GRACE_S``.
-FIRST_WAKE_GRACE_S = 0.05
-MAX_WAKE_GRACE_S = 0.05
+#: cycle cost (before any cycle, ``FIRST_WAKE_GRACE_S``), never more than ``MAX_WAKE_GRACE_S``. Both 0 (off)
+#: for now: elastic jobs hung in 3 of 6 full test runs after the wait came in (cause not found yet).
+FIRST_WAKE_GRACE_S = 0.0
+MAX_WAKE_GRACE_S = 0.0
 
 
 class Engine:

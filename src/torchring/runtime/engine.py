@@ -43,11 +43,6 @@ from .requests import DATA_OPS, OpType, Request
 
 #: A burst of submissions counts as over once no request came for this long.
 BURST_SETTLE_S = 0.0002
-#: How long a rank woken by another with nothing queued waits for its own request: at most what the last
-#: cycle cost (before any cycle, ``FIRST_WAKE_GRACE_S``), never more than ``MAX_WAKE_GRACE_S``. Both 0 (off)
-#: for now: elastic jobs hung in 3 of 6 full test runs after the wait came in (cause not found yet).
-FIRST_WAKE_GRACE_S = 0.0
-MAX_WAKE_GRACE_S = 0.0
 
 
 class Engine:
@@ -92,8 +87,6 @@ class Engine:
         self._settling = False
         self._hurried = False
         self._empty_cycles = 0
-        #: Seconds a rank woken by another waits for its own request before it cycles with nothing.
-        self._wake_grace_s = FIRST_WAKE_GRACE_S
         self._cond = threading.Condition()
         #: The condition's own lock: ``with self._lock`` where no wait or notify follows costs less than
         #: ``with self._cond`` (a Python-level ``__enter__``), on paths that run per request.
@@ -209,9 +202,7 @@ class Engine:
                 negotiation_started = time.perf_counter()
                 outcome = self._cycles.run(announcement, self.timeline)
                 announcements, responses = outcome.announcements, outcome.responses
-                negotiation_seconds = time.perf_counter() - negotiation_started
-                METRICS.phase("negotiation", negotiation_seconds)
-                self._wake_grace_s = min(MAX_WAKE_GRACE_S, negotiation_seconds)
+                METRICS.phase("negotiation", time.perf_counter() - negotiation_started)
                 verdict = self.deadlocks.after_cycle(announcements, responses)
                 if verdict is not None and not self._stall_abort:
                     self._stall_abort = verdict.text  # the next announcement stops every rank with it
@@ -307,10 +298,8 @@ class Engine:
                    and self._woken_epoch < epoch and self._failure is None):
                 self._cond.wait(self._stalls.check_interval())
                 self._inspect_stalls()
-            woken_remotely = self._woken_epoch >= epoch
-            if woken_remotely and not self._queue:
-                self._await_own_request()
             self._wants_notify = False
+            woken_remotely = self._woken_epoch >= epoch
         if not woken_remotely:
             self._waker.wake(epoch)  # the peers first: their engines start while this rank's burst settles
         with self._cond:
@@ -320,20 +309,6 @@ class Engine:
         self._pacing = False
         self._cycle_started = time.monotonic()
         return drained
-
-    def _await_own_request(self) -> None:
-        """With the lock held, woken by another rank with nothing queued: wait a little for this rank's own
-        request. Its thread is usually about to submit the same collective (the ranks run the same
-        program), and a cycle entered empty costs every rank a second cycle once it comes: at 32 ranks on
-        2 cores the first barrier after ``init()`` took two exchanges of 30-40 ms each. The wait is at most
-        what the last cycle cost, so a rank that really has nothing to submit (an operation of a process
-        set it is not in) delays the cycle by no more than one cycle's time."""
-        deadline = time.monotonic() + self._wake_grace_s
-        while not self._queue and not self._shutdown_requested and not self._stall_abort and self._failure is None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            self._cond.wait(remaining)
 
     def _let_burst_settle(self) -> None:
         """With the lock held and a request queued after a quiet spell: while the user keeps submitting

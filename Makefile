@@ -25,14 +25,18 @@ test: lint test-deps
 
 # Debian packages the tests run for real, installed as root where they are missing (elsewhere those tests
 # skip and say why): openssh-server (the multi-host tests run a cluster of network namespaces with one
-# sshd each) and openmpi-bin (a real mpirun starts ranks in tests/integration/test_mpirun.py).
+# sshd each), openmpi-bin (a real mpirun starts ranks in tests/integration/test_mpirun.py) and Slurm with munge
+# (tests/multihost/test_slurm.py runs slurmctld and one slurmd per namespace host).
 test-deps:
 	@missing=""; [ -x /usr/sbin/sshd ] || missing=" openssh-server"; \
 	command -v mpirun >/dev/null || missing="$$missing openmpi-bin"; \
+	[ -x /usr/sbin/slurmd ] && [ -x /usr/sbin/slurmctld ] && command -v srun >/dev/null && [ -x /usr/sbin/munged ] \
+		|| missing="$$missing slurmd slurmctld slurm-client munge"; \
 	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		echo "installing$$missing for the tests"; \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null \
-		|| (apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null) \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null \
+		|| (apt-get update -qq >/dev/null && \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null) \
 		|| echo "could not install $$missing: the tests that need it will skip"; \
 	fi
 

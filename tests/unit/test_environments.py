@@ -15,7 +15,7 @@ from torchring.environments import (
     detect_environment,
     mpi_bootstrap,
 )
-from torchring.environments.slurm import first_host
+from torchring.environments.slurm import derived_port, first_host
 from torchring.network import interface_addresses
 
 
@@ -73,7 +73,8 @@ def test_slurm_job_step():
     assert isinstance(environment, SlurmEnvironment)
     assert environment.rank_info().rank == 5 and environment.rank_info().local_rank == 1
     rendezvous = environment.rendezvous()
-    assert rendezvous.host == "gpu07" and rendezvous.port == 20000 + 4242
+    assert rendezvous.host == "gpu07" and rendezvous.port == derived_port(4242, 0)
+    assert derived_port(4242, 1) != derived_port(4242, 0)  # two steps of one job at once
 
 
 def test_slurm_allocation_without_a_step_is_not_a_job():

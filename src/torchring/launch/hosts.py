@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import re
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+
+from ..environments.slurm_lists import SlurmListError, expand_counts, expand_hostlist
 
 
 class HostSpecError(ValueError):
@@ -93,6 +96,42 @@ def parse_hostfile(path: str | Path) -> list[HostSlots]:
     if not hosts:
         raise HostSpecError(f"host file {str(path)!r} lists no hosts")
     return _check_duplicates(hosts, str(path))
+
+
+@dataclass(frozen=True)
+class SlurmAllocation:
+    """The nodes of the Slurm allocation ``torchring run`` runs in, with the tasks it may start on each."""
+
+    job_id: str
+    hosts: list[HostSlots]
+    #: The variable the slot counts came from (``SLURM_TASKS_PER_NODE`` or ``SLURM_JOB_CPUS_PER_NODE``).
+    source: str
+
+    def describe(self) -> str:
+        listed = ",".join(f"{host.hostname}:{host.slots}" for host in self.hosts)
+        return f"Slurm allocation {self.job_id}: {listed} (SLURM_JOB_NODELIST, {self.source})"
+
+
+def slurm_allocation(environ: Mapping[str, str]) -> SlurmAllocation | None:
+    """The allocation of ``salloc``/``sbatch`` this launcher runs in (None outside one, or inside a job
+    step, where ``srun`` already started one process per task); ``HostSpecError`` when Slurm's
+    variables cannot be read."""
+    nodelist, job_id = environ.get("SLURM_JOB_NODELIST"), environ.get("SLURM_JOB_ID")
+    if not nodelist or not job_id or environ.get("SLURM_STEP_ID") not in (None, "", "batch", "4294967294"):
+        return None
+    source = "SLURM_TASKS_PER_NODE" if environ.get("SLURM_TASKS_PER_NODE") else "SLURM_JOB_CPUS_PER_NODE"
+    try:
+        nodes = expand_hostlist(nodelist)
+        counts = expand_counts(environ.get(source) or "1")
+    except SlurmListError as error:
+        raise HostSpecError(f"cannot read the Slurm allocation's nodes: {error}") from None
+    if len(counts) == 1:
+        counts = counts * len(nodes)
+    if len(counts) != len(nodes):
+        raise HostSpecError(f"the Slurm allocation lists {len(nodes)} nodes (SLURM_JOB_NODELIST={nodelist}) but "
+                            f"{len(counts)} slot counts ({source}={environ.get(source)}); give -H instead")
+    return SlurmAllocation(job_id, [HostSlots(node, max(count, 1)) for node, count in zip(nodes, counts, strict=True)],
+                           source)
 
 
 def assign_ranks(hosts: list[HostSlots], num_proc: int) -> list[SlotAssignment]:

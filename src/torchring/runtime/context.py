@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import logging
 import math
@@ -48,6 +49,7 @@ from .meeting import meet
 from .names import skip_auto_name
 from .observe.flight_recorder import NULL_RECORDER, Recorder, open_recorder
 from .observe.timeline import NullTimeline, TimelineWriter
+from .peer_names import name_addresses
 from .startup import (
     StepClock,
     freeze_long_lived_objects,
@@ -337,9 +339,12 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
         if timeline is not None:
             engine.timeline = timeline
         recorder = engine.recorder = open_recorder(settings.flight_record, info.rank, info.size)
+        if info.size > 1:
+            engine.name_peers = functools.partial(name_addresses, store=signed, prefix=prefix)
         engine.start()
         lanes = LaneRegistry(generation_prefix(_generation), _lane_group_opener(store, table, timeout, lazy),
                              lambda: engine.timeline, recorder, report_peer_failure, engine.deadlocks)
+        lanes.name_peers = engine.name_peers
         metrics_publisher = _start_metrics(signed, topology, settings)
         clock.lap("engine")
         _runtime = Runtime(environment, topology, store, signed, control_group, table, engine, _generation,

@@ -107,6 +107,8 @@ class Engine:
         self.timeline: TimelineWriter | NullTimeline = NullTimeline()
         #: Notes submitted, started and finished requests for the launcher (``TORCHRING_FLIGHT_RECORD``).
         self.recorder: Recorder = NULL_RECORDER
+        #: Names the host and ranks behind the addresses in a failure's text ("" when it cannot).
+        self.name_peers: Callable[[str], str] | None = None
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"torchring-engine-{rank}", daemon=True)
         #: Finishes the collectives this engine launched, while the engine negotiates the next ones.
@@ -239,7 +241,7 @@ class Engine:
         except BaseException as error:  # noqa: BLE001 - every failure must reach the waiting ranks
             self._failure = error
             self._note_peer_failure(f"collective failed: {error}")
-            self._fail_all(HorovodInternalError(f"torchring engine failed on rank {self.rank}: {error}"))
+            self._fail_all(HorovodInternalError(self._failure_text(error)))
             try:
                 self._waker.wake(epoch)
             except Exception:  # noqa: BLE001 - the store may be gone too; nothing left to wake
@@ -418,6 +420,12 @@ class Engine:
 
         self._completer.add(launched, on_done)
 
+    def _failure_text(self, error: BaseException) -> str:
+        """The engine's failure, with the host and ranks behind any address in it (``name_peers``)."""
+        text = f"torchring engine failed on rank {self.rank}: {error}"
+        names = self.name_peers(str(error)) if self.name_peers is not None else ""
+        return f"{text} ({names})" if names else text
+
     def _data_error(self, error: BaseException | None) -> BaseException | None:
         if error is None:
             return None
@@ -428,7 +436,7 @@ class Engine:
         if self._failure is None:
             self._failure = error
         self._note_peer_failure(f"collective failed: {error}")
-        self._fail_all(HorovodInternalError(f"torchring engine failed on rank {self.rank}: {error}"))
+        self._fail_all(HorovodInternalError(self._failure_text(error)))
         with self._cond:
             self._cond.notify_all()
 

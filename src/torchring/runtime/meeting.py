@@ -22,6 +22,7 @@ import torch.distributed as dist
 from ..environments import RankInfo
 from ..store_auth import AuthenticatedStore
 from .coordination.topology import Topology, derive_topologies
+from .peer_names import encode_host_table, host_table_key
 
 __all__ = ["meet"]
 
@@ -66,9 +67,9 @@ def _answer_everyone(store: AuthenticatedStore, prefix: str, size: int,
     except ValueError as error:
         raise RuntimeError(f"torchring cannot derive the job's topology: {error}. Check the LOCAL_RANK and "
                            "LOCAL_WORLD_SIZE (or the scheduler's) variables of every rank.") from None
-    keys = [_answer_key(prefix, r) for r in range(1, size)]
+    keys = [_answer_key(prefix, r) for r in range(1, size)] + [host_table_key(prefix)]
     answers = [json.dumps([t.local_rank, t.local_size, t.cross_rank, t.cross_size, t.homogeneous, shared[0]])
-               for t in topologies[1:]]
+               for t in topologies[1:]] + [encode_host_table([str(arrival[0]) for arrival in everyone])]
     store.set_many(keys, answers)
     return topologies[0], shared
 

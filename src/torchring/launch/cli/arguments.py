@@ -7,11 +7,12 @@ command line (``run_command``) prints them as usage errors.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ... import settings
 from ..elastic.records import ElasticSettings
-from ..hosts import HostSlots, parse_hostfile, parse_hosts
+from ..hosts import HostSlots, parse_hostfile, parse_hosts, slurm_allocation
 from ..job import DEFAULT_HANG_TIMEOUT_S, DEFAULT_METRICS_ADDRESS, HANG_TIMEOUT_VARIABLE, RunConfig
 from ..spawn.containers import ContainerOptions
 from ..spawn.ssh import SshOptions
@@ -24,7 +25,8 @@ __all__ = ["add_run_arguments", "config_from_args"]
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``torchring run`` (horovodrun's names)."""
     parser.add_argument("-np", "--num-proc", dest="num_proc", type=int,
-                        help="number of ranks to start (required, here or in --config-file)")
+                        help="number of ranks to start (required, here or in --config-file, except inside a Slurm "
+                             "allocation: its tasks)")
     hosts = parser.add_mutually_exclusive_group()
     hosts.add_argument("-H", "--hosts", dest="hosts", help="hosts and slots, e.g. localhost:4")
     hosts.add_argument("--hostfile", dest="hostfile", help="file with one 'host slots=N' per line")
@@ -97,16 +99,26 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         command = command[1:]
     elastic = _elastic_settings(args)
     check_flags_for_mode(args, elastic is not None)
+    allocation = None
+    if not (args.hostfile or args.hosts or args.host_discovery_script) and elastic is None:
+        allocation = slurm_allocation(os.environ)
     if args.num_proc is None and elastic is None:
-        raise ValueError("-np is required (on the command line or in --config-file)")
+        if allocation is None:
+            raise ValueError("-np is required (on the command line or in --config-file)")
+        args.num_proc = sum(host.slots for host in allocation.hosts)
     if not command:
         raise ValueError("no command given; usage: torchring run -np 2 python train.py")
+    transport = "ssh"
     if args.hostfile:
         hosts = parse_hostfile(args.hostfile)
     elif args.hosts:
         hosts = parse_hosts(args.hosts)
     elif args.host_discovery_script:
         hosts = []
+    elif allocation is not None:
+        hosts, transport = allocation.hosts, "srun"
+        print(f"torchring run: {allocation.describe()}; ranks on other nodes start with srun", file=sys.stderr,
+              flush=True)
     else:
         hosts = [HostSlots("localhost", max(args.num_proc or (elastic.max_np if elastic else 1), 1)
                            + (elastic.spares if elastic else 0))]
@@ -127,7 +139,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     if args.start_timeout <= 0:
         raise ValueError(f"--start-timeout {args.start_timeout}: must be positive")
     ssh = SshOptions(port=args.ssh_port, identity_file=args.ssh_identity_file, connect_timeout_s=args.start_timeout,
-                     python=args.python or sys.executable)
+                     python=args.python or sys.executable, transport=transport)
     return RunConfig(
         num_proc=args.num_proc or (elastic.min_np if elastic else 0), hosts=hosts, command=command, port=args.port,
         ranks_to_show=ranks_to_show, verbose=args.verbose, horovod_compat=args.horovod_compat,

@@ -3,9 +3,10 @@ ADDRESS``): print one JSON line with what the launcher needs to know about the h
 
 It reports the Python, torch and torchring versions (torch's without importing it, which costs
 seconds of CPU), the CPU count, whether the host has NVIDIA GPUs, the launcher's address as this host
-sees it (from ``SSH_CONNECTION``) and whether the rendezvous store answers there (or at ADDRESS when
-given), and the interface holding the address SSH reached this host at. It imports nothing heavier than
-the standard library and ``network``/``containers``, so that it answers within the start timeout.
+sees it (from ``SSH_CONNECTION``; under ``srun`` the launcher passes it as ADDRESS) and whether the
+rendezvous store answers there (or at ADDRESS when given), and the interface holding the address SSH
+reached this host at (or the one routing to ADDRESS). It imports nothing heavier than the standard library and
+``network``/``containers``, so that it answers within the start timeout.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sys
 from importlib import metadata
 from typing import Any
 
-from ...network import interface_of
+from ...network import interface_of, route_source
 from .containers import host_has_nvidia_gpus
 
 
@@ -54,6 +55,8 @@ def host_report(store_port: int, timeout_s: float, store_address: str) -> dict[s
         report["store_reachable"] = True
     except OSError as error:
         report["store_reachable"], report["store_error"] = False, f"{address}:{store_port}: {error}"
+    if report["own_address"] is None and address:  # started by srun, not SSH: the route towards the store
+        report["own_address"] = route_source(address)
     report["interface"] = interface_of(report["own_address"]) if report["own_address"] else None
     return report
 

@@ -1,4 +1,5 @@
-"""SSH for ``torchring run -H``: the commands, the preflight checks, and starting remote ranks.
+"""SSH for ``torchring run -H``: the commands, the preflight checks, and starting remote ranks. Inside
+a Slurm allocation the same commands start through ``srun`` instead (``SshOptions.transport``).
 
 Every remote command line is built with ``shlex`` from a fixed program and arguments; what varies
 per job (the user's command, its arguments, the environment, the working directory) travels as JSON
@@ -16,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from ...network import route_source
 from .local import _die_with_launcher
 from .remote_link import LINK_TIMEOUT_S
 
@@ -29,6 +31,23 @@ class SshOptions:
     connect_timeout_s: float = 30.0
     #: The interpreter to run on remote hosts (the launcher's by default).
     python: str = "python3"
+    #: How remote commands start: ``ssh``, or ``srun`` (one job step per command, inside an allocation).
+    transport: str = "ssh"
+
+    @property
+    def failure_name(self) -> str:
+        """What failed when a remote command could not start, for messages (``SSH``, ``srun``)."""
+        return "srun" if self.transport == "srun" else "SSH"
+
+
+def remote_argv(host: str, argv: Sequence[str], options: SshOptions) -> list[str]:
+    """The command that runs ``argv`` on ``host``: over SSH (``ssh_argv``), or as a one-task job step of
+    the current Slurm allocation on that node, sharing the allocation's CPUs with the other steps, with
+    this process's environment and its standard input passed on."""
+    if options.transport != "srun":
+        return ssh_argv(host, argv, options)
+    return ["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={host}", "--cpu-bind=none", "--quiet",
+            "--input=all", "--export=ALL", "--kill-on-bad-exit=0", *argv]
 
 
 def ssh_argv(host: str, remote_argv: Sequence[str], options: SshOptions) -> list[str]:
@@ -77,17 +96,22 @@ def _last_lines(text: str, count: int = 3) -> str:
 def probe_host(host: str, store_port: int, store_address: str, options: SshOptions) -> HostReport:
     """Run ``host_probe`` on ``host`` over SSH (bounded by the start timeout). ``store_address``
     "" means: the launcher's address as seen from ``host``."""
+    if not store_address and options.transport == "srun":  # no SSH_CONNECTION there to tell it
+        destination = destination_address(host, options)
+        store_address = (route_source(destination) if destination else None) or ""
     remote = [options.python, "-m", HOST_PROBE_MODULE, str(store_port), str(min(5.0, options.connect_timeout_s)),
               store_address]
     try:
-        result = subprocess.run(ssh_argv(host, remote, options), stdin=subprocess.DEVNULL, capture_output=True,
+        result = subprocess.run(remote_argv(host, remote, options), stdin=subprocess.DEVNULL, capture_output=True,
                                 text=True, timeout=options.connect_timeout_s, preexec_fn=_die_with_launcher)
     except subprocess.TimeoutExpired:
-        return HostReport(host, error=f"no answer over SSH within {options.connect_timeout_s:g} s (--start-timeout)")
+        return HostReport(host, error=f"no answer over {options.failure_name} within {options.connect_timeout_s:g} s "
+                                      "(--start-timeout)")
     except FileNotFoundError:
-        return HostReport(host, error="the ssh client is not installed on this machine (openssh-client)")
-    if result.returncode == 255:
-        return HostReport(host, error=f"SSH failed: {_last_lines(result.stderr)}")
+        client = "srun (slurm-client)" if options.transport == "srun" else "the ssh client (openssh-client)"
+        return HostReport(host, error=f"{client} is not installed on this machine")
+    if result.returncode == 255 or (options.transport == "srun" and result.stderr.startswith("srun: error")):
+        return HostReport(host, error=f"{options.failure_name} failed: {_last_lines(result.stderr)}")
     if "No module named 'torchring" in result.stderr:
         return HostReport(host, error=f"torchring is not installed for {options.python} there (or is a version "
                                       f"without {HOST_PROBE_MODULE}): install the same torchring as here, or "
@@ -143,7 +167,13 @@ def preflight_problems(reports: Mapping[str, HostReport], local: tuple[str, str 
 
 def destination_address(host: str, options: SshOptions) -> str | None:
     """The IPv4 address ``ssh host`` connects to (``ssh -G`` applies the user's ssh config, e.g. a
-    ``HostName`` alias), None when it cannot tell or the connection goes through a proxy."""
+    ``HostName`` alias), None when it cannot tell or the connection goes through a proxy; through
+    ``srun``, the address the node's name resolves to."""
+    if options.transport == "srun":
+        try:
+            return socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0]
+        except (OSError, IndexError):
+            return None
     argv = ["ssh", "-G", *(["-p", str(options.port)] if options.port is not None else []), host]
     try:
         result = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=10)
@@ -162,7 +192,7 @@ def spawn_remote(host: str | None, python: str, options: SshOptions) -> subproce
     """Start ``remote_rank`` on ``host`` (its specification is written to stdin next); ``host`` None
     starts it on this host, without SSH."""
     remote_rank = [python, "-m", "torchring.launch.spawn.remote_rank"]
-    argv = remote_rank if host is None else ssh_argv(host, remote_rank, options)
+    argv = remote_rank if host is None else remote_argv(host, remote_rank, options)
     return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True, preexec_fn=_die_with_launcher)
 

@@ -85,6 +85,8 @@ class GradientLane:
         #: Tells the launcher that a reduction failed because another rank went away (``rank_failure``).
         self._report_peer_failure = report_peer_failure
         self.names = list(names)
+        #: Names the host and ranks behind the addresses in a failure's text ("" when it cannot).
+        self.name_peers: Callable[[str], str] | None = None
         self._recorder = recorder
         #: What the flight recorder calls each bucket's allreduce.
         self._labels = [f"gradient bucket {b.index} ({len(b.params)} tensors)" for b in self.buckets]
@@ -272,9 +274,10 @@ class GradientLane:
             raise
         except RuntimeError as error:
             self._note_peer_failure(f"gradient allreduce '{in_flight.name}' failed: {error}")
+            names = self.name_peers(str(error)) if self.name_peers is not None else ""
             raise HorovodInternalError(
-                f"gradient allreduce '{in_flight.name}' failed: {error}. Another rank probably failed or "
-                "stopped; see its output."
+                f"gradient allreduce '{in_flight.name}' failed: {error}{f' ({names})' if names else ''}. Another "
+                "rank probably failed or stopped; see its output."
             ) from error
 
     def _wait_watched(self, work: Any, name: str, warn_s: float) -> None:

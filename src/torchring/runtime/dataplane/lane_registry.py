@@ -37,6 +37,8 @@ class LaneRegistry:
         self._deadlocks = deadlocks
         #: Tells the launcher that a lane's reduction failed because of another rank.
         self._report_peer_failure = report_peer_failure
+        #: Names the host and ranks behind the addresses in a lane's failure (set by ``init()``).
+        self.name_peers: Callable[[str], str] | None = None
         self._open_groups = open_groups
         self._timeline = timeline
         #: The runtime's flight recorder, which the lanes tell about their allreduces.
@@ -65,6 +67,7 @@ class LaneRegistry:
                                        f"{str(error).strip()[:300]}") from error
         lane = GradientLane(buckets, names, groups, settings, self._timeline, self._add_cpu_seconds, self._recorder,
                             self._report_peer_failure, self._deadlocks)
+        lane.name_peers = self.name_peers
         with self._lock:
             self._groups.append(groups)
             self._lanes.append(lane)

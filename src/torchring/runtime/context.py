@@ -7,6 +7,7 @@ import functools
 import json
 import logging
 import math
+import socket
 import sys
 import threading
 from collections.abc import Callable
@@ -114,12 +115,13 @@ def _open_store(rendezvous: Rendezvous, timeout: timedelta) -> dist.Store:
     if rendezvous.host is None:
         return dist.HashStore()
     assert rendezvous.port is not None
-    if rendezvous.serve_store:
-        key = (rendezvous.host, rendezvous.port)
-        if key not in _served_stores:  # kept for the process: a re-init must not rebind the port
-            _served_stores[key] = dist.TCPStore(
-                rendezvous.host, rendezvous.port, is_master=True, timeout=timeout, wait_for_workers=False
-            )
+    key = (rendezvous.host, rendezvous.port)
+    if rendezvous.serve_store and key not in _served_stores and not _served_by_default_group(rendezvous):
+        # kept for the process: a re-init must not rebind the port
+        _served_stores[key] = dist.TCPStore(
+            rendezvous.host, rendezvous.port, is_master=True, timeout=timeout, wait_for_workers=False
+        )
+    if key in _served_stores:
         StoreWaker.connect(rendezvous.host, rendezvous.port, timeout)
         return _served_stores[key]
     try:
@@ -131,6 +133,23 @@ def _open_store(rendezvous: Rendezvous, timeout: timedelta) -> dist.Store:
             f"torchring could not reach the rendezvous store at {rendezvous.host}:{rendezvous.port}: {error}. "
             "Check that the launcher (or rank 0) is running and that this address is reachable."
         ) from error
+
+
+def _served_by_default_group(rendezvous: Rendezvous) -> bool:
+    """Whether this process's own default process group already serves the rendezvous port: a script (or
+    Ray Train, Lightning, Accelerate) called ``init_process_group()`` with the same ``MASTER_ADDR`` and
+    ``MASTER_PORT`` before ``hvd.init()``. Rank 0 then joins that store as a client instead of failing to
+    listen on a port it holds itself; torchring's keys live under prefixes of their own there."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
+    assert rendezvous.host is not None and rendezvous.port is not None
+    try:
+        socket.create_connection((rendezvous.host, rendezvous.port), timeout=2.0).close()
+    except OSError:  # nobody serves that port (the default group met elsewhere, e.g. file://): serve it here
+        return False
+    logger.debug("torchring: the default process group serves %s:%d already; joining its store",
+                 rendezvous.host, rendezvous.port)
+    return True
 
 
 def _initial_timeline(rank: int, settings: Settings) -> TimelineWriter | None:

@@ -86,8 +86,12 @@ import os, pathlib, subprocess, sys
 import torchring as hvd
 secret = os.environ[{JOB_SECRET!r}]
 assert len(secret) == 64
-seen = [p.name for p in pathlib.Path('/proc').iterdir() if p.name.isdigit()
-        and secret.encode() in (p / 'cmdline').read_bytes() if (p / 'cmdline').exists()]
+def command_line(process):
+    try:
+        return (process / 'cmdline').read_bytes()
+    except OSError:  # the process ended meanwhile
+        return b''
+seen = [p.name for p in pathlib.Path('/proc').iterdir() if p.name.isdigit() and secret.encode() in command_line(p)]
 hvd.init()
 check = 'import os; print("{JOB_SECRET}" in os.environ)'
 child = subprocess.run([sys.executable, '-c', check], capture_output=True, text=True).stdout.strip()

@@ -158,9 +158,6 @@ class SlurmCluster:
                 states[parts[0]] = parts[1]
         return states
 
-    def slurmd_pid(self, node: str) -> int | None:
-        return self._pid(self.state_dir / f"slurmd-{node}.pid")
-
     def logs(self) -> str:
         paths = sorted((self.state_dir / "log").glob("*"))
         return "\n".join(f"--- {path.name}\n{self._read(path)[-2000:]}" for path in paths)
@@ -186,10 +183,3 @@ class SlurmCluster:
             return path.read_text(errors="replace")
         except OSError:
             return ""
-
-    @staticmethod
-    def _pid(path: Path) -> int | None:
-        try:
-            return int(path.read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            return None

@@ -41,16 +41,21 @@ def _clean_env(slurm: SlurmCluster, **extra: str) -> dict[str, str]:
     return env
 
 
-def _on_h1(slurm: SlurmCluster, *argv: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run ``argv`` on h1 with ``env`` (the variables travel through ``env`` on the remote side, as a
-    user's shell would have them; the secret is never on a command line the test runs either: a file)."""
+def _on_h1_argv(slurm: SlurmCluster, *argv: str, env: dict[str, str]) -> list[str]:
+    """The command that runs ``argv`` on h1 with ``env``'s Slurm, torchring and Python variables exported
+    by a script (as a user's shell would have them; the secret is on no command line the test runs)."""
     script = slurm.state_dir / f"job-{secrets.token_hex(4)}.sh"
     exports = "".join(f"export {name}={_quote(value)}\n" for name, value in env.items()
                       if name.startswith(("SLURM_CONF", "PATH", "OMP_", "TORCHRING_", "PYTHON")))
     script.write_text(f"#!/bin/sh\n{exports}cd {ROOT}\nexec \"$@\"\n")
     script.chmod(0o700)
-    return subprocess.run(slurm.cluster.ssh_command("h1", str(script), *argv), stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=timeout, env=env)
+    return slurm.cluster.ssh_command("h1", str(script), *argv)
+
+
+def _on_h1(slurm: SlurmCluster, *argv: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``argv`` on h1 with ``env`` (see ``_on_h1_argv``) and wait for it."""
+    return subprocess.run(_on_h1_argv(slurm, *argv, env=env), stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=timeout, env=env)
 
 
 def _quote(value: str) -> str:
@@ -80,7 +85,7 @@ def test_srun_without_a_secret_runs_and_rank_0_says_how_to_set_one(slurm):
     assert "export TORCHRING_JOB_SECRET=" in result.stderr
 
 
-def test_torchring_run_in_sbatch_places_its_ranks_on_the_allocations_nodes(slurm, tmp_path):
+def test_torchring_run_in_sbatch_places_its_ranks_on_the_allocations_nodes(slurm):
     output = slurm.state_dir / f"sbatch-{secrets.token_hex(4)}.out"
     batch = slurm.state_dir / f"batch-{secrets.token_hex(4)}.sh"
     batch.write_text(f"#!/bin/sh\ncd {ROOT}\nexec {sys.executable} -m torchring.cli run {sys.executable} {PROBE}\n")
@@ -97,16 +102,10 @@ def test_torchring_run_in_sbatch_places_its_ranks_on_the_allocations_nodes(slurm
 
 def test_a_node_lost_mid_job_ends_the_job_with_that_node_named(slurm):
     env = _clean_env(slurm, TORCHRING_JOB_SECRET=secrets.token_hex(32))
-    script = slurm.state_dir / f"job-{secrets.token_hex(4)}.sh"
-    exports = "".join(f"export {name}={_quote(value)}\n" for name, value in env.items()
-                      if name.startswith(("SLURM_CONF", "PATH", "OMP_", "TORCHRING_", "PYTHON")))
-    script.write_text(f"#!/bin/sh\n{exports}cd {ROOT}\nexec \"$@\"\n")
-    script.chmod(0o700)
-    argv = slurm.cluster.ssh_command("h1", str(script), "srun", "--kill-on-bad-exit=1", "-N2", "--ntasks-per-node=2",
-                                     sys.executable, str(LOOP))
+    argv = _on_h1_argv(slurm, "srun", "--kill-on-bad-exit=1", "-N2", "--ntasks-per-node=2", sys.executable, str(LOOP),
+                       env=env)
     process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, env=env)
-    started = time.monotonic()
     try:
         training = []
         while len(training) < 4:
@@ -125,4 +124,3 @@ def test_a_node_lost_mid_job_ends_the_job_with_that_node_named(slurm):
                      err), err[-3000:]
     assert "Node failure on h2" in err or "h2: task" in err, err[-3000:]
     assert time.monotonic() - lost_at < 90, f"the job took {time.monotonic() - lost_at:.0f} s to end"
-    assert started

@@ -169,21 +169,19 @@ def destination_address(host: str, options: SshOptions) -> str | None:
     """The IPv4 address ``ssh host`` connects to (``ssh -G`` applies the user's ssh config, e.g. a
     ``HostName`` alias), None when it cannot tell or the connection goes through a proxy; through
     ``srun``, the address the node's name resolves to."""
-    if options.transport == "srun":
+    name = host
+    if options.transport != "srun":
+        argv = ["ssh", "-G", *(["-p", str(options.port)] if options.port is not None else []), host]
         try:
-            return socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0]
-        except (OSError, IndexError):
+            result = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
             return None
-    argv = ["ssh", "-G", *(["-p", str(options.port)] if options.port is not None else []), host]
+        config = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
+        if result.returncode != 0 or config.get("proxyjump", "none") != "none" or "proxycommand" in config:
+            return None
+        name = config.get("hostname", host)
     try:
-        result = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    config = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
-    if result.returncode != 0 or config.get("proxyjump", "none") != "none" or "proxycommand" in config:
-        return None
-    try:
-        return socket.getaddrinfo(config.get("hostname", host), None, socket.AF_INET)[0][4][0]
+        return socket.getaddrinfo(name, None, socket.AF_INET)[0][4][0]
     except (OSError, IndexError):
         return None
 

@@ -12,10 +12,13 @@ import random
 import re
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+
+from torchring.launch.watch.dump import ask_for_report
 
 from .jobs import MARKER_VARIABLE, ROOT, start_job, wait_until_gone
 
@@ -100,7 +103,19 @@ class Launcher:
         raise AssertionError(f"no line matching {pattern!r}:\n" + "".join(self.seen[-30:]))
 
     def finish(self, timeout: float = 120.0) -> tuple[int, str]:
-        self.process.wait(timeout=timeout)
+        """The exit code and the launcher's whole log once the job ends; past ``timeout`` the launcher is asked
+        where every rank is (as ``torchring dump`` does) and stopped, and the test fails with that report."""
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            try:
+                report = ask_for_report(self.process.pid)
+            except (OSError, TimeoutError) as error:
+                report = f"(no stack report: {error})"
+            self.process.terminate()
+            self.process.wait(timeout=60)
+            raise AssertionError(f"the job did not end within {timeout:g} s; its launcher's last lines:\n"
+                                 + "".join(self.seen[-30:]) + f"\nwhere every rank was:\n{report[-12000:]}") from None
         for reader in self.readers:
             reader.join(timeout=10)
         while not self.lines.empty():

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from torchring.launch.watch.dump import ask_for_report
+
 from ..integration.elastic_jobs import samples_processed_twice
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,14 +62,20 @@ def wait_for_launcher(process, text, lines, timeout=60):
 
 
 def finish(process, lines, timeout=240):
-    """The job's whole output once it ends; past ``timeout`` the launcher is stopped (SIGTERM ends its ranks on
-    every host) before the test fails, so that no later test finds this job's processes on the hosts."""
+    """The job's whole output once it ends; past ``timeout`` the launcher is asked where every rank is (as
+    ``torchring dump`` does) and stopped (SIGTERM ends its ranks on every host) before the test fails, so that
+    the failure shows where the job hung and no later test finds its processes on the hosts."""
     try:
         out, err = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        try:
+            report = ask_for_report(process.pid)
+        except (OSError, TimeoutError) as error:
+            report = f"(no stack report: {error})"
         process.terminate()
         out, err = process.communicate(timeout=60)
-        raise AssertionError(f"the job did not end within {timeout} s; its launcher's log:\n{err[-4000:]}") from None
+        raise AssertionError(f"the job did not end within {timeout} s; its launcher's log:\n{err[-4000:]}\n"
+                             f"where every rank was:\n{report[-12000:]}") from None
     return "".join(lines) + out, err
 
 

@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["add_dump_arguments", "find_launchers", "run_dump"]
+__all__ = ["add_dump_arguments", "ask_for_report", "find_launchers", "run_dump"]
 
 #: How long to wait for a launcher's report (it samples every rank once, about a second at most).
 REPORT_WAIT_S = 15.0
@@ -71,7 +71,7 @@ def _version(path: Path) -> tuple[int, int] | None:
     return stat.st_ino, stat.st_mtime_ns
 
 
-def _ask(pid: int) -> str:
+def ask_for_report(pid: int) -> str:
     """Signal launcher ``pid`` and return its new report (``OSError``/``TimeoutError`` saying why not)."""
     path = _report_path(pid)
     before = _version(path)
@@ -100,7 +100,7 @@ def run_dump(args: argparse.Namespace) -> int:
             code = 1
             continue
         try:
-            report = _ask(pid)
+            report = ask_for_report(pid)
         except (OSError, TimeoutError) as error:
             print(f"torchring dump: launcher {pid}: {error}", file=sys.stderr)
             code = 1

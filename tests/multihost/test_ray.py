@@ -5,26 +5,12 @@ from __future__ import annotations
 import json
 import re
 
-import pytest
-
-from .ray_cluster import RayCluster, ray_unavailable_reason
 from .test_multihost_launch import ROOT
 
 DRIVER = ROOT / "tests" / "multihost" / "scripts" / "ray_driver.py"
 TRAINER = ROOT / "tests" / "multihost" / "scripts" / "ray_trainer.py"
 
 
-@pytest.fixture(scope="module")
-def ray_cluster(cluster, tmp_path_factory):
-    reason = ray_unavailable_reason()
-    if reason is not None:
-        pytest.skip(f"no Ray cluster: {reason}")
-    started = RayCluster(cluster, tmp_path_factory.mktemp("ray"), ["h1", "h2"])
-    try:
-        started.start()
-        yield started
-    finally:
-        started.stop()
 
 
 def test_ray_executor_places_two_workers_per_host_and_their_ranks_meet(ray_cluster):

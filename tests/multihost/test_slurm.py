@@ -11,10 +11,8 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 from ..integration.test_mpirun import _probes
-from .slurm_cluster import SlurmCluster, slurm_unavailable_reason
+from .slurm_cluster import SlurmCluster
 from .test_multihost_launch import ROOT
 
 PROBE = ROOT / "tests" / "integration" / "scripts" / "mpi_probe.py"
@@ -22,17 +20,6 @@ LOOP = ROOT / "tests" / "multihost" / "scripts" / "train_loop.py"
 _GIVEN = ("MASTER_ADDR", "MASTER_PORT", "TORCHRING_STORE_ADDR", "TORCHRING_STORE_PORT", "TORCHRING_JOB_SECRET")
 
 
-@pytest.fixture(scope="module")
-def slurm(cluster, tmp_path_factory):
-    reason = slurm_unavailable_reason()
-    if reason is not None:
-        pytest.skip(f"no Slurm cluster: {reason}")
-    started = SlurmCluster(cluster, tmp_path_factory.mktemp("slurm"), ["h1", "h2"])
-    try:
-        started.start()
-        yield started
-    finally:
-        started.stop()
 
 
 def _clean_env(slurm: SlurmCluster, **extra: str) -> dict[str, str]:

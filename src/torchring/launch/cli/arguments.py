@@ -102,10 +102,11 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     allocation = None
     if not (args.hostfile or args.hosts or args.host_discovery_script) and elastic is None:
         allocation = slurm_allocation(os.environ)
-    if args.num_proc is None and elastic is None:
+    num_proc = args.num_proc
+    if num_proc is None and elastic is None:
         if allocation is None:
             raise ValueError("-np is required (on the command line or in --config-file)")
-        args.num_proc = sum(host.slots for host in allocation.hosts)
+        num_proc = sum(host.slots for host in allocation.hosts)
     if not command:
         raise ValueError("no command given; usage: torchring run -np 2 python train.py")
     transport = "ssh"
@@ -120,7 +121,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         print(f"torchring run: {allocation.describe()}; ranks on other nodes start with srun", file=sys.stderr,
               flush=True)
     else:
-        hosts = [HostSlots("localhost", max(args.num_proc or (elastic.max_np if elastic else 1), 1)
+        hosts = [HostSlots("localhost", max(num_proc or (elastic.max_np if elastic else 1), 1)
                            + (elastic.spares if elastic else 0))]
     ranks_to_show = None
     if args.ranks is not None:
@@ -141,7 +142,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     ssh = SshOptions(port=args.ssh_port, identity_file=args.ssh_identity_file, connect_timeout_s=args.start_timeout,
                      python=args.python or sys.executable, transport=transport)
     return RunConfig(
-        num_proc=args.num_proc or (elastic.min_np if elastic else 0), hosts=hosts, command=command, port=args.port,
+        num_proc=num_proc or (elastic.min_np if elastic else 0), hosts=hosts, command=command, port=args.port,
         ranks_to_show=ranks_to_show, verbose=args.verbose, horovod_compat=args.horovod_compat,
         tuning=tuning_environment(args), ssh=ssh, network_interfaces=tuple(args.network_interface),
         output_dir=args.output_filename, forward_names=tuple(args.forward), extra_env=extra_env, elastic=elastic,

@@ -1,7 +1,5 @@
 """``python -m torchring``: the same as the ``torchring`` command."""
 
-import sys
+from .cli import console
 
-from .cli import main
-
-sys.exit(main())
+console()

@@ -18,6 +18,9 @@ from .cluster import Cluster
 
 RAY = Path(sys.executable).with_name("ray")
 HEAD_PORT = 6379
+#: The head notices a dead node after 3 failed health checks 1 s apart (Ray's default: 5, 3 s apart), so that
+#: the lost-node test does not wait for Ray longer than for torchring.
+FAST_NODE_DEATH = ("RAY_health_check_period_ms=1000", "RAY_health_check_failure_threshold=3")
 
 
 def ray_unavailable_reason() -> str | None:
@@ -44,7 +47,7 @@ class RayCluster:
         that nothing of the user's ``~/.ray`` (an auth token from another cluster) reaches it."""
         home = self.state_dir / "home"
         home.mkdir(parents=True, exist_ok=True)
-        return ["env", "RAY_USAGE_STATS_ENABLED=0", f"HOME={home}", f"PATH={os.environ['PATH']}"]
+        return ["env", "RAY_USAGE_STATS_ENABLED=0", f"HOME={home}", f"PATH={os.environ['PATH']}", *FAST_NODE_DEATH]
 
     def _ray(self, node: str, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         (self.state_dir / node).mkdir(parents=True, exist_ok=True)
@@ -52,17 +55,32 @@ class RayCluster:
 
     def start(self) -> None:
         for node in self.nodes:
-            address = self.cluster.host(node).address
-            common = [f"--node-ip-address={address}", f"--num-cpus={self.cpus}", "--disable-usage-stats"]
-            if node == self.head:
-                argv = ["start", "--head", f"--port={HEAD_PORT}", "--include-dashboard=false",
-                        f"--temp-dir={self.state_dir / node}", *common]
-            else:
-                argv = ["start", f"--address={self.address}", *common]
-            result = self._ray(node, *argv)
-            if result.returncode != 0:
-                raise RuntimeError(f"ray start on {node} failed ({result.returncode}):\n{result.stdout}\n"
-                                   f"{result.stderr}")
+            self.start_node(node)
+        self.wait_for_nodes(len(self.nodes))
+
+    def start_node(self, node: str) -> None:
+        """``ray start`` on ``node``: the head, or a worker node joining it."""
+        address = self.cluster.host(node).address
+        common = [f"--node-ip-address={address}", f"--num-cpus={self.cpus}", "--disable-usage-stats"]
+        if node == self.head:
+            argv = ["start", "--head", f"--port={HEAD_PORT}", "--include-dashboard=false",
+                    f"--temp-dir={self.state_dir / node}", *common]
+        else:
+            argv = ["start", f"--address={self.address}", *common]
+        result = self._ray(node, *argv)
+        if result.returncode != 0:
+            raise RuntimeError(f"ray start on {node} failed ({result.returncode}):\n{result.stdout}\n"
+                               f"{result.stderr}")
+
+
+    def kill_node(self, node: str) -> None:
+        """A node lost: SIGKILL every process on ``node`` (its raylet and every actor there)."""
+        self.cluster.kill_all_in(node)
+
+    def restart_node(self, node: str) -> None:
+        """Bring a killed worker node back and wait until the head lists every node alive again."""
+        self.cluster.kill_all_in(node)
+        self.start_node(node)
         self.wait_for_nodes(len(self.nodes))
 
     def wait_for_nodes(self, count: int, timeout: float = 60) -> None:
@@ -87,10 +105,17 @@ class RayCluster:
     def driver(self, argv: list[str], timeout: float = 180, env: dict[str, str] | None = None
                ) -> subprocess.CompletedProcess[str]:
         """Run ``python argv`` on the head node as a driver of this cluster (``RAY_ADDRESS`` set)."""
+        return self.cluster.run_on(self.head, *self._driver_argv(argv, env), timeout=timeout)
+
+    def start_driver(self, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        """:meth:`driver`, running in the background (text output piped)."""
+        return subprocess.Popen(self.cluster.ssh_command(self.head, *self._driver_argv(argv, env)),
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def _driver_argv(self, argv: list[str], env: dict[str, str] | None) -> list[str]:
         variables = [f"{name}={value}" for name, value in (env or {}).items()]
-        return self.cluster.run_on(self.head, *self._environment(), f"RAY_ADDRESS={self.address}",
-                                   f"PYTHONPATH={os.environ.get('PYTHONPATH', '')}", *variables, sys.executable, *argv,
-                                   timeout=timeout)
+        return [*self._environment(), f"RAY_ADDRESS={self.address}", f"PYTHONPATH={os.environ.get('PYTHONPATH', '')}",
+                *variables, sys.executable, *argv]
 
     def stop(self) -> None:
         for node in reversed(self.nodes):

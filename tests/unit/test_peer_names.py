@@ -25,6 +25,8 @@ def test_an_address_in_an_error_is_named_with_its_host_and_ranks():
     assert name_addresses(GLOO_ERROR, store, "g1") == "127.0.0.1 is localhost (ranks 0, 2)"
     assert name_addresses(GLOO_ERROR.replace("127.0.0.1", "192.0.2.77"), store, "g1") == ""  # not a job host
     assert name_addresses("Connection reset by peer", store, "g1") == ""  # no address at all
+    store.set(host_table_key("g2"), encode_host_table(["127.0.0.1", "127.0.0.1"]))  # hosts known by address (Ray)
+    assert name_addresses(GLOO_ERROR, store, "g2") == "127.0.0.1 holds ranks 0, 1"
 
 
 def test_without_a_table_or_with_a_forged_one_nothing_is_added():

@@ -75,9 +75,16 @@ def _naming(text: str, store: AuthenticatedStore, prefix: str) -> str:
         return ""
     ranks_of = decode_host_table(raw)
     hosts_at = _resolve(list(ranks_of))
-    named = [f"{address} is {hosts_at[address]} ({_ranks_text(ranks_of[hosts_at[address]])})"
-             for address in addresses if address in hosts_at]
+    named = [_name(address, hosts_at[address], ranks_of[hosts_at[address]]) for address in addresses
+             if address in hosts_at]
     return "; ".join(named)
+
+
+def _name(address: str, host: str, ranks: list[int]) -> str:
+    """``10.78.0.3 is h2 (ranks 2, 3)``, or ``10.78.0.3 holds ranks 2, 3`` where the host is its address."""
+    if host == address:
+        return f"{address} holds {_ranks_text(ranks)}"
+    return f"{address} is {host} ({_ranks_text(ranks)})"
 
 
 def name_addresses(text: str, store: AuthenticatedStore, prefix: str, timeout_s: float = NAMING_TIMEOUT_S) -> str:

@@ -7,8 +7,21 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ..hosts import HostSlots, HostSpecError, parse_hosts
+
+
+class Discovery(Protocol):
+    """What the elastic driver asks for hosts: :class:`HostDiscovery`, or Ray's nodes
+    (``torchring.ray.elastic.RayHostDiscovery``)."""
+
+    #: Why the last look failed ("" when it worked); the last good answer is kept meanwhile.
+    last_error: str
+
+    def find(self) -> dict[str, int]:
+        """Host -> slots, in a stable order."""
+        ...
 
 
 class HostDiscovery:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -47,11 +48,10 @@ from ..rendezvous import RendezvousServer
 from ..spawn.local import terminate_groups
 from ..spawn.preflight import check_hosts
 from ..spawn.rank_env import elastic_variables
-from ..spawn.spawner import Spawner
 from ..spawn.ssh import SshOptions
-from ..spawn.worker import ProcessName, Worker, reap
+from ..spawn.worker import ProcessName, Worker, WorkerStarter, reap
 from ..watch.hang_detector import HangDetector
-from .discovery import Blacklist, HostDiscovery
+from .discovery import Blacklist, Discovery
 from .failure_policy import FailurePolicy
 from .host_pool import HostPool
 from .plan import WorkerView, assign_generation, plan_membership
@@ -65,11 +65,14 @@ POLL_S = 0.1
 class ElasticDriver:
     """Runs an elastic job to its end; ``run()`` returns the exit code."""
 
-    def __init__(self, settings: ElasticSettings, discovery: HostDiscovery, spawner: Spawner,
+    def __init__(self, settings: ElasticSettings, discovery: Discovery, spawner: WorkerStarter,
                  server: RendezvousServer, ssh_options: SshOptions, network_interfaces: Sequence[str] = (),
                  ranks_to_show: frozenset[int] | None = None, verbose: bool = False,
                  log: Callable[[str], None] | None = None, detector: HangDetector | None = None,
-                 recovery: RecoveryClock | None = None) -> None:
+                 recovery: RecoveryClock | None = None,
+                 preflight: Callable[[str], list[str]] | None = None) -> None:
+        """``preflight(host)``: the problems that keep a remote host out of the pool (default: the SSH
+        preflight of a fixed job); a starter whose workers need no SSH (Ray actors) passes its own."""
         self.settings = settings
         #: Times each recovery; its figures are on the ``--metrics-port`` page.
         self.recovery = recovery or RecoveryClock()
@@ -85,7 +88,7 @@ class ElasticDriver:
         self.log = log or (lambda message: print(f"torchring run: {message}", file=sys.stderr, flush=True))
         self.blacklist = Blacklist(settings.cooldown_range_s)
         self.policy = FailurePolicy(self.blacklist)
-        self.hosts = HostPool(discovery, self.blacklist, self._preflight, self.log)
+        self.hosts = HostPool(discovery, self.blacklist, preflight or self._preflight, self.log)
         self.workers: list[Worker] = []
         self.generation = -1
         self.hosts_version = 0
@@ -110,11 +113,14 @@ class ElasticDriver:
         if self.verbose:
             self.log(f"elastic job: --min-np {self.settings.min_np}, --max-np {self.settings.max_np}, "
                      f"rendezvous port {self.server.port}")
+        in_main_thread = threading.current_thread() is threading.main_thread()  # only there can it set handlers
         previous = {sig: signal.signal(sig, self._on_signal)
-                    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+                    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)} if in_main_thread else {}
         if self.detector is not None:
             detector = self.detector
-            previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda _sig, _frame: detector.request_report())
+            if in_main_thread:
+                previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1,
+                                                         lambda _sig, _frame: detector.request_report())
             detector.start()
         try:
             return self._loop()

@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..hosts import is_local_host
-from .discovery import Blacklist, HostDiscovery
+from .discovery import Blacklist, Discovery
 
 
 class HostPool:
     """Discovery's answer, filtered: ``refresh()`` asks discovery, ``usable()`` applies the blacklist."""
 
-    def __init__(self, discovery: HostDiscovery, blacklist: Blacklist, preflight: Callable[[str], list[str]],
+    def __init__(self, discovery: Discovery, blacklist: Blacklist, preflight: Callable[[str], list[str]],
                  log: Callable[[str], None]) -> None:
         """``preflight(host)``: the problems that make ``host`` unusable (empty when it passed)."""
         self.discovery = discovery

@@ -40,7 +40,11 @@ def spawn_local(command: Sequence[str], env: Mapping[str, str], cwd: str | None 
 
 
 def signal_group(process: subprocess.Popen, signum: int) -> None:
-    """Send ``signum`` to the process group that ``process`` leads, ignoring a group already gone."""
+    """Send ``signum`` to the process group that ``process`` leads, ignoring a group already gone. A handle
+    that is not a local process (a Ray actor's) is given the signal to act on itself."""
+    if not isinstance(process, subprocess.Popen):
+        process.send_signal(signum)
+        return
     try:
         os.killpg(process.pid, signum)
     except (ProcessLookupError, PermissionError):

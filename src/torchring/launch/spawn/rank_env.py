@@ -41,6 +41,8 @@ class Placement(enum.Enum):
     LOCAL = "local"
     SSH = "ssh"
     CONTAINER = "container"
+    #: A Ray actor (``torchring.ray``): its environment is built by the Ray starter, not from this plan.
+    RAY = "ray"
 
 
 #: Variables a remote rank inherits from the launcher's environment, by name or by prefix.

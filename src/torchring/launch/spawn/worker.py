@@ -12,15 +12,17 @@ from __future__ import annotations
 import enum
 import signal
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from ..sampling.stack_probe import Probe
 from .output import OutputRelay
 from .rank_env import Placement
 from .remote_link import RemoteLink
 
-__all__ = ["SSH_CONNECTION_FAILED", "ProcessName", "Worker", "WorkerState", "describe_returncode", "reap"]
+__all__ = ["SSH_CONNECTION_FAILED", "LossReport", "ProcessName", "Worker", "WorkerStarter", "WorkerState",
+           "describe_returncode", "reap"]
 
 #: What ssh returns when the connection failed or dropped.
 SSH_CONNECTION_FAILED = 255
@@ -71,6 +73,14 @@ def describe_returncode(returncode: int, remote: bool = False) -> str:
     return f"was killed by signal {-returncode} ({name})"
 
 
+class LossReport(Protocol):
+    """What says a process was lost with its host rather than failing by itself: a ``remote_rank`` link, or
+    the handle of a Ray actor whose node died."""
+
+    #: Why its host is out of reach, in words (None while it is not).
+    lost_reason: str | None
+
+
 @dataclass
 class Worker:
     """A started process, the relays of its output, how to sample it, and its state."""
@@ -82,8 +92,9 @@ class Worker:
     relays: tuple[OutputRelay, OutputRelay]
     #: How the hang detector samples its stack (None: it cannot be sampled).
     probe: Probe | None = None
-    #: Its ``remote_rank`` channel (heartbeat, samples), for a process under ``remote_rank``.
-    link: RemoteLink | None = None
+    #: Its ``remote_rank`` channel (heartbeat, samples), for a process under ``remote_rank``; for a Ray
+    #: actor, its handle (which knows whether the actor's node died).
+    link: RemoteLink | LossReport | None = None
     #: The slot of its host it holds (its local rank in a fixed job).
     slot: int = 0
     state: WorkerState = WorkerState.RUNNING
@@ -183,6 +194,20 @@ class Worker:
         """Wait for the rest of its output."""
         for relay in self.relays:
             relay.join(timeout=timeout_s)
+
+
+class WorkerStarter(Protocol):
+    """What starts an elastic job's workers: the job's ``Spawner`` (processes, locally, over SSH or in
+    containers), or Ray actors (``torchring.ray.actor_workers``)."""
+
+    def start(self, name: ProcessName, host: str, variables: Mapping[str, str], local_size: int,
+              show: bool = True, slot: int = 0) -> Worker:
+        """Start ``name`` on ``host`` with the job mode's ``variables``; its output relays are running."""
+        ...
+
+    def add_reports(self, reports: Mapping[str, Any]) -> None:
+        """Remember remote hosts that passed the SSH preflight."""
+        ...
 
 
 def reap(workers: Iterable[Worker]) -> list[Worker]:

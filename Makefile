@@ -1,21 +1,37 @@
 # torchring: `make demo` trains the example on 2 local ranks; `make test` runs every test.
 PYTHON ?= python3
 TORCH_VERSION ?= 2.13.0
+# cpu (default), cuda (the CUDA build from the Python index, several GB) or pip (what pip resolves)
+TORCH_BUILD ?= cpu
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-torch-$(TORCH_VERSION)
+TORCH_STAMP := $(VENV)/.installed-torch-$(TORCH_VERSION)-$(TORCH_BUILD)
+DEMO_STAMP := $(VENV)/.installed-demo-$(TORCH_VERSION)-$(TORCH_BUILD)
+STAMP := $(VENV)/.installed-test-$(TORCH_VERSION)-$(TORCH_BUILD)
 PYTEST_ARGS ?=
 
 .PHONY: venv demo test test-deps image gpu-check lint clean
 
-$(STAMP): pyproject.toml
+# torch first, of the build asked for (tools/install-torch.sh says which and from where), then torchring
+# with what `make demo` needs (the examples extra) or what the tests need too (the test extra).
+$(TORCH_STAMP): tools/install-torch.sh
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet torch==$(TORCH_VERSION) -e '.[test,examples]'
+	@tools/install-torch.sh $(BIN)/python $(TORCH_VERSION) $(TORCH_BUILD)
+	@touch $@
+
+$(DEMO_STAMP): $(TORCH_STAMP) pyproject.toml
+	@echo "installing torchring (editable) with the examples extra"
+	@$(BIN)/python -m pip install --quiet -e '.[examples]'
+	@touch $@
+
+$(STAMP): $(TORCH_STAMP) pyproject.toml
+	@echo "installing torchring (editable) with the test and examples extras"
+	@$(BIN)/python -m pip install --quiet -e '.[test,examples]'
 	@touch $@
 
 venv: $(STAMP)
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/torchring run -np 2 $(BIN)/python examples/mnist.py
 
 # Unit+integration and multi-host tests run side by side (see tests/run_groups.py); PYTEST_ARGS reach
@@ -45,8 +61,10 @@ test-deps:
 image:
 	IMAGE=$(or $(IMAGE),torchring:cpu) TORCH_VERSION=$(TORCH_VERSION) docker/make_image.sh
 
-# On a machine with CUDA (and a CUDA build of torch): the GPU tests, then the GPU benchmark.
-gpu-check: $(STAMP)
+# On a machine with CUDA: the GPU tests, then the GPU benchmark, with a CUDA build of torch in the venv
+# (kept when one of TORCH_VERSION is there already).
+gpu-check:
+	@$(MAKE) --no-print-directory venv TORCH_BUILD=cuda
 	$(BIN)/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu-check: torch sees no CUDA device (a CPU build of torch, or no GPU)')"
 	$(BIN)/python -m pytest -m gpu tests/integration/test_gpu.py
 	$(BIN)/torchring run -np 1 $(BIN)/python benchmarks/gpu_check.py

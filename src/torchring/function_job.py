@@ -18,8 +18,9 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, A
     """Run ``fn(*args, **kwargs)`` on ``np`` ranks (on ``hosts``, e.g. ``"a:2,b:2"``, or this host) and
     return the list of results in rank order. The function typically calls ``hvd.init()`` itself.
 
-    Raises ``torchring.launch.function_job.FunctionJobError`` when a rank fails (its traceback is in the
-    job's output)."""
+    Raises ``torchring.launch.function_job.FunctionJobError`` when a rank fails: its ``rank`` and ``error``
+    (the last line the rank wrote to stderr, typically its exception) name it; the whole traceback is
+    in the job's output."""
     from .launch.function_job import run as run_job_function
 
     return run_job_function(fn, args, kwargs, np, hosts, hostfile, num_proc=num_proc, ssh_port=ssh_port,

@@ -62,7 +62,10 @@ def torchring_command(*args: str) -> list[str]:
 
 def start_job(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     marker = uuid.uuid4().hex
-    job_env = {**os.environ, MARKER_VARIABLE: marker, **(env or {})}
+    # as in an activated venv: "python" is this interpreter (the launcher would otherwise run the ranks with it
+    # anyway, and say so, when the python on PATH has no torch: tests/unit/test_command_checks.py)
+    path = os.pathsep.join(part for part in (str(Path(sys.executable).parent), os.environ.get("PATH")) if part)
+    job_env = {**os.environ, "PATH": path, MARKER_VARIABLE: marker, **(env or {})}
     process = subprocess.Popen(torchring_command(*args), cwd=ROOT, env=job_env, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     return process, marker

@@ -23,14 +23,19 @@ from ..store_auth import AuthenticatedStore, require_credentials
 from .hosts import HostSlots, parse_hostfile, parse_hosts
 from .job import RunConfig, run_job
 from .spawn.ssh import SshOptions
+from .spawn.worker import Worker
+from .supervisor import Failure
 
 
 class FunctionJobError(RuntimeError):
-    """The job running the function failed; its output (above) says why."""
+    """The job running the function failed: ``rank`` is the rank that caused it (None when no one rank
+    did), ``error`` the last line it wrote to stderr (typically its exception), ``exit_code`` the job's."""
 
-    def __init__(self, message: str, exit_code: int) -> None:
+    def __init__(self, message: str, exit_code: int, rank: int | None = None, error: str = "") -> None:
         super().__init__(message)
         self.exit_code = exit_code
+        self.rank = rank
+        self.error = error
 
 
 def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
@@ -72,10 +77,18 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, A
             elif function_result_key(rank) in store.rejected:
                 forged.append(rank)
 
-    code = run_job(config, with_store=give, after_job=collect)
+    failed: list[tuple[int | None, str]] = []
+
+    def note_failure(failure: Failure, workers: Sequence[Worker]) -> None:
+        tail = next((w.stderr_tail for w in workers if w.rank == failure.rank), [])
+        failed.append((failure.rank, tail[-1].strip() if tail else failure.reason))
+
+    code = run_job(config, with_store=give, after_job=collect, on_failure=note_failure)
     if code != 0:
-        raise FunctionJobError(f"torchring.run: the job failed with exit code {code}; its output above names "
-                               "the rank and its error", code)
+        rank, error = failed[0] if failed else (None, "")
+        who = f"rank {rank} failed: {error}" if rank is not None else "the job failed"
+        raise FunctionJobError(f"torchring.run: {who} (exit code {code}; the job's output above has the whole "
+                               "story)", code, rank, error)
     if forged:
         raise FunctionJobError(f"torchring.run: the result of rank(s) {forged} in the job's store was not written by "
                                "the job (it is not signed with the job's secret); another process reached the "

@@ -47,7 +47,8 @@ from .spawn.preflight import PreflightError, require_hosts
 from .spawn.rank_env import EnvironmentPlan, topology_variables
 from .spawn.spawner import ProcessName, Spawner, SpawnSettings
 from .spawn.ssh import SshOptions, destination_address
-from .supervisor import Supervisor, report_failure
+from .spawn.worker import Worker
+from .supervisor import Failure, Supervisor, report_failure
 from .watch.hang_detector import HangDetector
 from .watch.stragglers import StragglerWatch
 
@@ -190,13 +191,16 @@ class JobScaffold:
 
 
 def run_job(config: RunConfig, with_store: Callable[[AuthenticatedStore], None] | None = None,
-            after_job: Callable[[AuthenticatedStore], None] | None = None) -> int:
+            after_job: Callable[[AuthenticatedStore], None] | None = None,
+            on_failure: Callable[[Failure, Sequence[Worker]], None] | None = None) -> int:
     """Start every rank, relay output, and return the job's exit code. ``with_store`` is called with the
     job's (signed) store before any rank starts, ``after_job`` once all have ended (``torchring.run``
-    passes a function and collects results through them)."""
+    passes a function and collects results through them), ``on_failure`` with the failure the summary
+    reports and every rank's record when the job failed."""
     assignments = assign_ranks(config.hosts, config.num_proc)
     remote_hosts = list(dict.fromkeys(slot.hostname for slot in assignments if not is_local_host(slot.hostname)))
     stragglers = StragglerWatch(_log)
+    stragglers.expect(range(config.num_proc))
     job = JobScaffold(config, remote_hosts, config.num_proc, stragglers=stragglers, with_store=with_store)
     server, spawner = job.server, job.spawner
     assert spawner is not None
@@ -239,6 +243,8 @@ def run_job(config: RunConfig, with_store: Callable[[AuthenticatedStore], None] 
     if failure is None:
         return 0
     report_failure(failure, supervisor.workers)
+    if on_failure is not None:
+        on_failure(failure, supervisor.workers)
     return failure.exit_code
 
 

@@ -273,7 +273,8 @@ class Engine:
         """Wait for the next cycle: at most one cycle time after the last one started. A request after a
         quiet cycle starts it at once (low latency); while requests keep coming, cycles are paced one
         cycle time apart so that more requests share each negotiation and fused buffer."""
-        deadline = self._cycle_started + self._settings.cycle_time_s
+        own_requests = bool(self._inflight or self._queue)  # a quiet rank the others wait for spaces its cycles
+        deadline = self._cycle_started + self._settings.pace(self._empty_cycles, own_requests)
         with self._cond:
             self._wants_notify = not self._pacing
             while not self._shutdown_requested and self._failure is None:

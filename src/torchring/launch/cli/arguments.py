@@ -12,10 +12,11 @@ import sys
 
 from ... import settings
 from ..elastic.records import ElasticSettings
-from ..hosts import HostSlots, parse_hostfile, parse_hosts, slurm_allocation
+from ..hosts import HostSlots, is_local_host, parse_hostfile, parse_hosts, slurm_allocation
 from ..job import DEFAULT_HANG_TIMEOUT_S, DEFAULT_METRICS_ADDRESS, HANG_TIMEOUT_VARIABLE, RunConfig
 from ..spawn.containers import ContainerOptions
 from ..spawn.ssh import SshOptions
+from .command_checks import check_command, misplaced_flags
 from .flag_modes import check_flags_for_mode
 from .tuning import add_tuning_arguments, tuning_environment
 
@@ -92,6 +93,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
 
 
+_PROG = "torchring run"
+
+
+def _say(message: str) -> None:
+    print(f"{_PROG}: {message}", file=sys.stderr, flush=True)
+
+
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """Validate parsed flags into a ``RunConfig``; errors are ``HostSpecError``/``ValueError``."""
     command = list(args.command)
@@ -105,10 +113,15 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     num_proc = args.num_proc
     if num_proc is None and elastic is None:
         if allocation is None:
+            misplaced = misplaced_flags(command)
+            if misplaced:
+                raise ValueError(f"-np is required; {' '.join(misplaced)} came after the command, where it is the "
+                                 f"program's own argument: the launcher's options go first, as in "
+                                 f"{_PROG} -np 2 python train.py")
             raise ValueError("-np is required (on the command line or in --config-file)")
         num_proc = sum(host.slots for host in allocation.hosts)
     if not command:
-        raise ValueError("no command given; usage: torchring run -np 2 python train.py")
+        raise ValueError(f"no command given; usage: {_PROG} -np 2 python train.py")
     transport = "ssh"
     if args.hostfile:
         hosts = parse_hostfile(args.hostfile)
@@ -123,6 +136,10 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     else:
         hosts = [HostSlots("localhost", max(num_proc or (elastic.max_np if elastic else 1), 1)
                            + (elastic.spares if elastic else 0))]
+        if elastic is not None:
+            _say(f"no -H, --hostfile or --host-discovery-script: this host has {hosts[0].slots} worker slots "
+                 f"(--max-np {elastic.max_np}{f' + --spares {elastic.spares}' if elastic.spares else ''}), "
+                 f"whatever its {os.cpu_count()} cores")
     ranks_to_show = None
     if args.ranks is not None:
         try:
@@ -141,13 +158,16 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         raise ValueError(f"--start-timeout {args.start_timeout}: must be positive")
     ssh = SshOptions(port=args.ssh_port, identity_file=args.ssh_identity_file, connect_timeout_s=args.start_timeout,
                      python=args.python or sys.executable, transport=transport)
+    container = _container_options(args)
+    local = container is None and not args.host_discovery_script and all(is_local_host(h.hostname) for h in hosts)
+    command = check_command(command, f"{_PROG} -np {num_proc or 2}", local, _say)  # after every flag's check
     return RunConfig(
         num_proc=num_proc or (elastic.min_np if elastic else 0), hosts=hosts, command=command, port=args.port,
         ranks_to_show=ranks_to_show, verbose=args.verbose, horovod_compat=args.horovod_compat,
         tuning=tuning_environment(args), ssh=ssh, network_interfaces=tuple(args.network_interface),
         output_dir=args.output_filename, forward_names=tuple(args.forward), extra_env=extra_env, elastic=elastic,
         discovery_script=args.host_discovery_script, slots_per_host=args.slots_per_host,
-        metrics_port=_metrics_port(args.metrics_port), container=_container_options(args),
+        metrics_port=_metrics_port(args.metrics_port), container=container,
         container_workdir=args.image_workdir or "/workspace", hang_timeout_s=_hang_timeout(args.hang_timeout),
         metrics_address=_metrics_address(args.metrics_address))
 

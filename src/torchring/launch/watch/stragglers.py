@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import statistics
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 __all__ = ["StragglerWatch", "parse_steps"]
@@ -77,6 +77,12 @@ class StragglerWatch:
         the aligned steps it was last in), as of the last ``update``."""
         with self._lock:
             return dict(self._gauges)
+
+    def expect(self, ranks: Iterable[int]) -> None:
+        """Serve these ranks' gauges (at 0) from the start, before the first sample updates them."""
+        with self._lock:
+            for rank in ranks:
+                self._gauges.setdefault(rank, (0.0, 0.0))
 
     @property
     def warned(self) -> set[int]:

@@ -8,6 +8,10 @@ from dataclasses import dataclass
 
 __all__ = ["EngineSettings"]
 
+#: Empty cycles (nothing new from any rank, nothing decided) before a rank with no request of its own
+#: starts spacing its cycles out.
+QUIET_AFTER_CYCLES = 20
+
 
 @dataclass(frozen=True)
 class EngineSettings:
@@ -32,3 +36,16 @@ class EngineSettings:
     control_probe: bool = True
     #: From this many ranks on, all-gathers go through rank 0 instead (``cycles``; 0: never; rank 0's value).
     control_gather_ranks: int = 0
+    #: The longest a rank with no request of its own spaces its cycles while the others wait for it.
+    quiet_pace_max_s: float = 0.01
+
+    def pace(self, empty_cycles: int, own_requests: bool) -> float:
+        """Seconds from one cycle's start to the next. A rank with requests of its own cycles every
+        ``cycle_time_s``. A rank with none, after ``QUIET_AFTER_CYCLES`` empty cycles (the others wait for
+        it: a straggler still computing, a rank still loading data), doubles the gap each empty cycle up to
+        ``quiet_pace_max_s``: the waiting ranks then block in the control collective instead of cycling a
+        thousand times a second, and its own next request still starts a cycle at once."""
+        if own_requests or empty_cycles < QUIET_AFTER_CYCLES:
+            return self.cycle_time_s
+        spaced = self.cycle_time_s * 2 ** min(empty_cycles - QUIET_AFTER_CYCLES + 1, 20)
+        return min(spaced, max(self.quiet_pace_max_s, self.cycle_time_s))

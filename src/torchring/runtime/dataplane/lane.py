@@ -88,8 +88,9 @@ class GradientLane:
         #: Names the host and ranks behind the addresses in a failure's text ("" when it cannot).
         self.name_peers: Callable[[str], str] | None = None
         self._recorder = recorder
-        #: What the flight recorder calls each bucket's allreduce.
-        self._labels = [f"gradient bucket {b.index} ({len(b.params)} tensors)" for b in self.buckets]
+        #: What the flight recorder (the hang report, ``torchring dump``) calls each bucket's allreduce: the
+        #: bucket's name, as in the timeline and in errors.
+        self._labels = list(self.names)
         self._groups = groups
         self._settings = settings
         self._timeline = timeline

@@ -37,6 +37,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--test-batch-size", type=int, default=256)
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--lr", type=float, default=0.01, help="learning rate for one rank")
+    parser.add_argument("--use-adasum", action="store_true",
+                        help="combine the ranks' updates with Adasum (learning rate not scaled by the ranks)")
     parser.add_argument("--momentum", type=float, default=0.5)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--log-interval", type=int, default=10, help="batches between log lines")
@@ -74,12 +76,13 @@ def main() -> None:
     test_loader = DataLoader(test_set, batch_size=args.test_batch_size, sampler=test_sampler, **loader_options)
 
     model = Net().to(device)
-    optimizer = optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=args.momentum)
+    lr_scaler = 1 if args.use_adasum else hvd.size()  # Adasum keeps the single-rank learning rate
+    optimizer = optim.SGD(model.parameters(), lr=args.lr * lr_scaler, momentum=args.momentum)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                         compression=compression)
+                                         compression=compression, op=hvd.Adasum if args.use_adasum else hvd.Average)
 
     amp_dtype = torch.float16 if use_cuda else torch.bfloat16
     scaler = torch.amp.GradScaler("cuda") if args.amp and use_cuda else None

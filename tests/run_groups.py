@@ -21,6 +21,7 @@ name test paths run just those, in one pytest run, as ``pytest ARGS`` would.
 
 from __future__ import annotations
 
+import compileall
 import re
 import subprocess
 import sys
@@ -33,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: wait, so that both groups take about as long.
 BALANCED = ["tests/integration/test_examples.py", "tests/integration/test_gpu_check_script.py",
             "tests/integration/test_horovod_compat.py", "tests/integration/test_elastic_recovery.py",
-            "tests/integration/test_gradient_lane_faults.py"]
+            "tests/integration/test_gradient_lane_faults.py", "tests/integration/test_adasum.py"]
 GROUPS = {"unit+integration": ["tests/unit", "tests/integration", *(f"--ignore={path}" for path in BALANCED)],
           "multihost+examples": ["tests/multihost", *BALANCED]}
 #: The container tests (a real Docker Engine): after the two groups, alone.
@@ -126,8 +127,17 @@ def _add(totals: dict[str, int], more: dict[str, int]) -> None:
         totals[kind] = totals.get(kind, 0) + number
 
 
+def _compile_sources() -> None:
+    """Write the bytecode of the project's own sources once, before hundreds of test processes import them:
+    where ``PYTHONDONTWRITEBYTECODE`` is set (as on the CI machines) no process writes it, and each one
+    compiled torchring again (0.15-0.25 s of CPU per process, about 50 s of the suite on 2 cores)."""
+    for directory in ("src", "tests", "examples", "benchmarks"):
+        compileall.compile_dir(ROOT / directory, quiet=1, workers=0)
+
+
 def main(args: list[str]) -> int:
     pytest = [sys.executable, "-m", "pytest"]
+    _compile_sources()
     if _names_paths(args):
         return subprocess.call([*pytest, *args], cwd=ROOT)
     started = time.monotonic()

@@ -8,23 +8,25 @@ import gc
 import sys
 from collections.abc import Sequence
 
-from .bench.cli import BenchJobError, BenchUsageError, add_bench_arguments, run_bench
-from .deploy.k8s_cli import add_k8s_arguments, run_k8s
-from .diagnostics.doctor.cli import add_doctor_arguments, run_doctor
-from .diagnostics.timeline.cli import add_timeline_arguments, run_timeline
 from .launch.cli.arguments import add_run_arguments
 from .launch.cli.run_command import OneLineErrorParser, run_command
-from .launch.hosts import HostSpecError
-from .launch.watch.dump import add_dump_arguments, run_dump
 from .version import __version__
+
+RUN_DESCRIPTION = "Start NP ranks of COMMAND and supervise them."
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The whole command line: ``run`` and every other subcommand (their modules load here, not for ``run``)."""
+    from .bench.cli import add_bench_arguments
+    from .deploy.k8s_cli import add_k8s_arguments
+    from .diagnostics.doctor.cli import add_doctor_arguments
+    from .diagnostics.timeline.cli import add_timeline_arguments
+    from .launch.watch.dump import add_dump_arguments
+
     parser = OneLineErrorParser(prog="torchring", description="Distributed PyTorch training, Horovod style.")
     parser.add_argument("--version", action="version", version=f"torchring {__version__}")
     commands = parser.add_subparsers(dest="subcommand", metavar="COMMAND")
-    run = commands.add_parser("run", help="start a training job's ranks",
-                              description="Start NP ranks of COMMAND and supervise them.")
+    run = commands.add_parser("run", help="start a training job's ranks", description=RUN_DESCRIPTION)
     add_run_arguments(run)
     parser.set_defaults(run_parser=run)
     dump = commands.add_parser("dump", help="print where every rank of running jobs is (SIGUSR1 to their launchers)",
@@ -73,7 +75,17 @@ def _horovod_shim(action: str) -> int:
     return 0
 
 
+def _run_parser() -> argparse.ArgumentParser:
+    """``torchring run``'s parser alone: the launcher then loads none of the other subcommands' modules."""
+    parser = OneLineErrorParser(prog="torchring run", description=RUN_DESCRIPTION)
+    add_run_arguments(parser)
+    return parser
+
+
 def _bench(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    from .bench.cli import BenchJobError, BenchUsageError, run_bench
+    from .launch.hosts import HostSpecError
+
     try:
         return run_bench(args, argv)
     except (HostSpecError, BenchUsageError) as error:
@@ -101,10 +113,10 @@ def console() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``torchring`` command on ``argv`` (default: the command line); its exit code."""
-    parser = build_parser()
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == ["run"]:
-        return run_command(parser.get_default("run_parser"), arguments[1:], "torchring run")
+        return run_command(_run_parser(), arguments[1:], "torchring run")
+    parser = build_parser()
     args = parser.parse_args(arguments)
     if args.subcommand is None:
         parser.print_help()
@@ -112,14 +124,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.subcommand == "bench":
         return _bench(args, argv)
     if args.subcommand == "dump":
+        from .launch.watch.dump import run_dump
+
         return run_dump(args)
     if args.subcommand == "doctor":
+        from .diagnostics.doctor.cli import run_doctor
+
         return run_doctor(args)
     if args.subcommand == "timeline":
+        from .diagnostics.timeline.cli import run_timeline
+
         return run_timeline(args)
     if args.subcommand == "horovod-shim":
         return _horovod_shim(args.action)
     if args.subcommand == "k8s":
+        from .deploy.k8s_cli import run_k8s
+
         return run_k8s(args)
     parser.print_help()
     return 2

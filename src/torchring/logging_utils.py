@@ -41,6 +41,8 @@ SIZE_VARIABLES = (SIZE, horovod_name(SIZE), "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE"
 
 #: Log line layout; ``rank`` and ``host`` are added to each record when it is emitted.
 LOG_FORMAT = "[rank %(rank)s on %(host)s] %(asctime)s %(levelname)s %(name)s: %(message)s"
+#: ``HOROVOD_LOG_HIDE_TIME=1`` (``horovodrun --log-hide-timestamp``): the same without the time.
+LOG_FORMAT_NO_TIME = "[rank %(rank)s on %(host)s] %(levelname)s %(name)s: %(message)s"
 DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
 
 _clock = time.monotonic  # replaced by tests that need a controlled clock
@@ -123,7 +125,8 @@ class RankHandler(logging.StreamHandler):
         self._explicit_stream: TextIO | None = None  # StreamHandler.__init__ stored the stderr of that moment
         self.rank_filter = RankFilter(all_ranks)
         self.addFilter(self.rank_filter)
-        self.setFormatter(logging.Formatter(LOG_FORMAT, DATE_FORMAT))
+        hide_time = settings.read("LOG_HIDE_TIME")
+        self.setFormatter(logging.Formatter(LOG_FORMAT_NO_TIME if hide_time else LOG_FORMAT, DATE_FORMAT))
 
     @property
     def stream(self) -> TextIO:  # type: ignore[override]

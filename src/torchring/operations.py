@@ -36,6 +36,9 @@ def _reduction_meta(op_type: OpType, buffer: torch.Tensor, op: ReduceOp, prescal
                     group_size: int = 0) -> Callable[[str, int], RequestMeta]:
     if op is Average and buffer.dtype is torch.bool:
         raise ValueError("op=Average is not defined for bool tensors; use Sum, Min or Max")
+    if op is ReduceOp.ADASUM and (op_type is not OpType.ALLREDUCE or not buffer.dtype.is_floating_point):
+        what = "floating-point allreduces" if op_type is OpType.ALLREDUCE else "allreduce, not reducescatter"
+        raise ValueError(f"op=Adasum is defined for {what}; use Average or Sum here")
     reduce_op, prescale, postscale = _OP_NUMBERS[op], float(prescale_factor), float(postscale_factor)
 
     def meta(name: str, seq: int) -> RequestMeta:

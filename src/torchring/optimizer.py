@@ -24,6 +24,7 @@ import torch
 from . import settings
 from .compression import Compression, Compressor
 from .metrics.counters import METRICS
+from .optim.adasum_optimizer import DistributedAdasumOptimizer
 from .optim.bucket_reducers import BucketReducer, EngineBucketReducer, PerGradientReducer, ReductionSpec
 from .optim.lane_vote import LANE_DTYPES, LANE_OPS, LaneVote
 from .optim.parameters import default_names, split_groups, validate_named_parameters
@@ -272,11 +273,15 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         warnings.warn("num_groups is deprecated; use groups= instead", DeprecationWarning, stacklevel=2)
         if groups is None:
             groups = num_groups
-    cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
+    mixin = DistributedAdasumOptimizer if resolved is ReduceOp.ADASUM else _DistributedOptimizer
+    cls = type(optimizer.__class__.__name__, (mixin, optimizer.__class__), {})
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
     if hasattr(wrapped, "_patch_step_function"):
         wrapped._patch_step_function()
+    if resolved is ReduceOp.ADASUM:  # Horovod's Adasum optimizer: updates combined after the local step
+        wrapped._setup_adasum(named_parameters, compression, process_set)
+        return wrapped
     wrapped._setup_distributed(named_parameters, compression, backward_passes_per_step, resolved,
                                gradient_predivide_factor, groups, sparse_as_dense, process_set)
     return wrapped

@@ -37,8 +37,4 @@ def resolve_op(op: int | None, average: bool | None) -> ReduceOp:
         resolved = ReduceOp(int(op))
     except ValueError:
         raise ValueError(f"Unknown reduction op {op!r}; use Average, Sum, Min, Max or Product.") from None
-    if resolved is ReduceOp.ADASUM:
-        raise NotImplementedError(
-            "op=Adasum is not supported by torchring; use op=Average (the default) or op=Sum."
-        )
     return resolved

@@ -152,6 +152,7 @@ VARIABLES: tuple[Variable, ...] = (
     _horovod("STALL_CHECK_TIME_SECONDS", _number, 60.0, "seconds a request waits for other ranks before a warning"),
     _horovod("STALL_SHUTDOWN_TIME_SECONDS", _number, 0.0, "seconds after which a stall stops the job; 0: never"),
     _horovod("LOG_LEVEL", _log_level, None, "level of the torchring logger and of get_logger()"),
+    _horovod("LOG_HIDE_TIME", _flag, False, "leave the date and time out of torchring's log lines"),
     _horovod("DYNAMIC_PROCESS_SETS", _flag, False, "allow add_process_set/remove_process_set"),
     _horovod("GLOO_TIMEOUT_SECONDS", _number, 30.0, "seconds one collective may wait for a peer"),
     _horovod("START_TIMEOUT", _number, 300.0, "seconds rendezvous waits for every rank"),
@@ -225,6 +226,7 @@ class Settings:
     stall_check_time_seconds: float = 60.0
     stall_shutdown_time_seconds: float = 0.0
     log_level: int | None = None
+    log_hide_time: bool = False
     dynamic_process_sets: bool = False
     gloo_timeout_seconds: float = 30.0
     start_timeout: float = 300.0

@@ -72,9 +72,12 @@ def test_operation_after_shutdown_raises_value_error():
         hvd.allreduce(torch.ones(1))
 
 
-def test_adasum_is_refused_with_a_clear_error(initialized):
-    with pytest.raises(NotImplementedError, match="Adasum"):
-        hvd.allreduce(torch.ones(1), op=hvd.Adasum)
+def test_adasum_of_one_rank_is_its_tensor_and_reducescatter_refuses_it(initialized):
+    assert torch.equal(hvd.allreduce(torch.tensor([1.0, 2.0]), op=hvd.Adasum), torch.tensor([1.0, 2.0]))
+    with pytest.raises(ValueError, match="Adasum is defined for allreduce"):
+        hvd.reducescatter(torch.ones(2), op=hvd.Adasum)
+    with pytest.raises(ValueError, match="Adasum is defined for floating-point"):
+        hvd.allreduce(torch.ones(2, dtype=torch.int32), op=hvd.Adasum)
 
 
 def test_unsupported_dtype_is_a_value_error(initialized):

@@ -96,6 +96,8 @@ class RunConfig:
     hang_timeout_s: float = DEFAULT_HANG_TIMEOUT_S
     #: ``--metrics-address``: where the ``--metrics-port`` page listens ("": every interface).
     metrics_address: str = DEFAULT_METRICS_ADDRESS
+    #: ``--prefix-output-with-timestamp``: every relayed line starts with the time.
+    timestamp_output: bool = False
 
 
 def _serve_metrics(config: RunConfig, store: AuthenticatedStore, max_ranks: int,
@@ -149,7 +151,8 @@ def spawn_settings(config: RunConfig, extra_env: dict[str, str] | None = None,
     plan = EnvironmentPlan({**os.environ, **config.tuning}, config.forward_names,
                            {**config.extra_env, **(extra_env or {})}, config.network_interfaces)
     return SpawnSettings(config.command, plan, config.ssh, config.horovod_compat, config.container,
-                         config.container_workdir, config.output_dir, config.verbose, stack_dir)
+                         config.container_workdir, config.output_dir, config.verbose, stack_dir,
+                         timestamp_output=config.timestamp_output)
 
 
 def _log(message: str) -> None:

@@ -18,6 +18,7 @@ from ..spawn.containers import ContainerOptions
 from ..spawn.ssh import SshOptions
 from .command_checks import check_command, misplaced_flags
 from .flag_modes import check_flags_for_mode
+from .horovod_flags import add_horovod_flags, horovod_flag_effects
 from .tuning import add_tuning_arguments, tuning_environment
 
 __all__ = ["add_run_arguments", "config_from_args"]
@@ -30,7 +31,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                              "allocation: its tasks)")
     hosts = parser.add_mutually_exclusive_group()
     hosts.add_argument("-H", "--hosts", dest="hosts", help="hosts and slots, e.g. localhost:4")
-    hosts.add_argument("--hostfile", dest="hostfile", help="file with one 'host slots=N' per line")
+    hosts.add_argument("-hostfile", "--hostfile", dest="hostfile", help="file with one 'host slots=N' per line")
     parser.add_argument("--port", type=int, default=0,
                         help="port of the rendezvous store (MASTER_PORT); default: a free port")
     parser.add_argument("--ranks", default=None,
@@ -51,8 +52,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     remote.add_argument("--env", dest="extra_env", action="append", default=[], metavar="NAME=VALUE",
                         help="set this variable for every rank (repeatable)")
     elastic = parser.add_argument_group("elastic training (any of --min-np, --max-np, --host-discovery-script)")
-    elastic.add_argument("--min-np", type=int, help="fewest workers the job runs with (default: -np)")
-    elastic.add_argument("--max-np", type=int, help="most workers the job grows to (default: -np, or no limit)")
+    elastic.add_argument("--min-np", "--min-num-proc", dest="min_np", type=int,
+                         help="fewest workers the job runs with (default: -np)")
+    elastic.add_argument("--max-np", "--max-num-proc", dest="max_np", type=int,
+                         help="most workers the job grows to (default: -np, or no limit)")
     elastic.add_argument("--slots-per-host", type=int,
                          help="slots of each host the discovery script lists without a slot count (default 1)")
     elastic.add_argument("--host-discovery-script", help="program printing the usable hosts, one host[:slots] a line")
@@ -87,9 +90,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                              f"no rank's Python stack changed for this long (default "
                              f"{DEFAULT_HANG_TIMEOUT_S:g}, or ${HANG_TIMEOUT_VARIABLE}; 0: off). SIGUSR1 to the "
                              "launcher prints every rank's stack at any time")
-    parser.add_argument("--check-build", action="store_true",
+    parser.add_argument("-cb", "--check-build", dest="check_build", action="store_true",
                         help="show which frameworks, controllers and tensor operations are available, and exit")
     add_tuning_arguments(parser)
+    add_horovod_flags(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
 
 
@@ -164,7 +168,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     return RunConfig(
         num_proc=num_proc or (elastic.min_np if elastic else 0), hosts=hosts, command=command, port=args.port,
         ranks_to_show=ranks_to_show, verbose=args.verbose, horovod_compat=args.horovod_compat,
-        tuning=tuning_environment(args), ssh=ssh, network_interfaces=tuple(args.network_interface),
+        tuning={**tuning_environment(args), **horovod_flag_effects(args, _say)}, ssh=ssh,
+        timestamp_output=args.prefix_output_with_timestamp, network_interfaces=tuple(args.network_interface),
         output_dir=args.output_filename, forward_names=tuple(args.forward), extra_env=extra_env, elastic=elastic,
         discovery_script=args.host_discovery_script, slots_per_host=args.slots_per_host,
         metrics_port=_metrics_port(args.metrics_port), container=container,

@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=f"torchring's horovodrun (torchring {__version__}): 'torchring run --horovod-compat' with "
                     "horovodrun's flags. Scripts that 'import horovod.torch as hvd' run unchanged on torchring; "
                     "this is not Horovod's own horovodrun.")
-    parser.add_argument("--version", action="version", version=f"horovodrun from torchring {__version__}")
+    parser.add_argument("-v", "--version", action="version", version=f"horovodrun from torchring {__version__}")
     add_run_arguments(parser)
     compat = parser.add_argument_group("horovodrun compatibility")
     compat.add_argument("--gloo", action="store_true",

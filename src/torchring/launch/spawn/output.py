@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from collections.abc import Callable
 from typing import BinaryIO
 
@@ -16,8 +17,11 @@ class OutputRelay:
     def __init__(self, rank: int | str, stream_name: str, source: BinaryIO, sink: BinaryIO, keep_lines: int = 20,
                  show: bool = True, file: BinaryIO | None = None,
                  control: tuple[bytes, Callable[[bytes], None]] | None = None,
-                 on_line: Callable[[], None] | None = None) -> None:
+                 on_line: Callable[[], None] | None = None, timestamp: bool = False) -> None:
+        """``timestamp``: start each console line with the time (``--prefix-output-with-timestamp``, in
+        horovodrun's layout: ``Wed Dec  3 23:40:06 2026[0]<stdout>:...``)."""
         self.rank = rank
+        self._timestamp = timestamp
         self._prefix = f"[{rank}]<{stream_name}>:".encode()
         self._source = source
         self._sink = sink
@@ -53,8 +57,9 @@ class OutputRelay:
                 self._file.write(line)
                 self._file.flush()
             if self.show:
+                stamp = time.strftime("%a %b %e %H:%M:%S %Y").encode() if self._timestamp else b""
                 with _console_lock:
-                    self._sink.write(self._prefix + line)
+                    self._sink.write(stamp + self._prefix + line)
                     self._sink.flush()
         self._source.close()
         if self._file is not None:

@@ -75,6 +75,8 @@ class SpawnSettings:
     #: Where local processes write their stack dumps for the hang detector (None: no stack hook, and
     #: remote processes are not sampled either).
     stack_dir: str | None = None
+    #: ``--prefix-output-with-timestamp``: every relayed line starts with the time.
+    timestamp_output: bool = False
 
 
 class Spawner:
@@ -192,10 +194,11 @@ class Spawner:
         assert process.stdout is not None and process.stderr is not None
         control = (CONTROL_PREFIX, link.on_control) if link is not None else None
         heard = link.heard if link is not None else None
+        stamped = self.settings.timestamp_output
         return (OutputRelay(name.label, "stdout", process.stdout, sys.stdout.buffer, show=show, file=stdout_file,
-                            on_line=heard),
+                            on_line=heard, timestamp=stamped),
                 OutputRelay(name.label, "stderr", process.stderr, sys.stderr.buffer, show=show, file=stderr_file,
-                            control=control, on_line=heard))
+                            control=control, on_line=heard, timestamp=stamped))
 
     def _output_files(self, name: ProcessName) -> tuple[BinaryIO | None, BinaryIO | None]:
         if self.settings.output_dir is None:

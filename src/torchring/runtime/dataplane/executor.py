@@ -7,6 +7,7 @@ shaped like the other ranks' tensors.
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 import time
@@ -123,7 +124,9 @@ class Executor:
             self._activity(timeline, names, backend_activity)
             size = len(first.members)
             group = self.process_sets.groups(first.process_set).for_device(first.template.device, size)
-            reduction = self._start_reduce(fused, first.template, group, size)
+            ends = list(itertools.accumulate(sizes))
+            segments = list(zip([0, *ends[:-1]], ends, strict=True))  # Adasum's coefficients are per tensor
+            reduction = self._start_reduce(fused, first.template, group, size, segments)
         except BaseException:
             self.fusion_buffers.release(storage)
             raise
@@ -179,10 +182,11 @@ class Executor:
 
     @staticmethod
     def _start_reduce(buffer: torch.Tensor, meta: RequestMeta, group: dist.ProcessGroup | None,
-                      size: int) -> Launched:
-        """Start the allreduce of ``buffer`` with ``meta``'s op and scaling (see ``runtime.dataplane.reduce``)."""
+                      size: int, segments: list[tuple[int, int]] | None = None) -> Launched:
+        """Start the allreduce of ``buffer`` with ``meta``'s op and scaling (see ``runtime.dataplane.reduce``);
+        ``segments``: where each tensor of a fused buffer lies (Adasum's coefficients are per tensor)."""
         scaling = Scaling(ReduceOp(meta.reduce_op), meta.prescale_factor, meta.postscale_factor)
-        return start_allreduce(buffer, scaling, group, size)
+        return start_allreduce(buffer, scaling, group, size, segments=segments)
 
     def _allreduce(self, response: Response, buffer: torch.Tensor | None, group: dist.ProcessGroup | None,
                    size: int) -> Launched:

@@ -6,7 +6,8 @@ fused through a fusion buffer), and ``DistributedOptimizer``'s bucket lane for i
 Scaling follows Horovod at every step: the buffer that travels (the compressed one, when the optimizer
 compresses) is multiplied by ``prescale``, summed (or min/max/product) across ranks, divided by the
 set's size for ``Average`` and multiplied by ``postscale``, all in the buffer's own dtype. Integer
-buffers are scaled once, in float64, truncated toward zero, as Horovod does.
+buffers are scaled once, in float64, truncated toward zero, as Horovod does. ``Adasum`` runs its
+point-to-point rounds (``adasum``) when started, so its ``Launched`` is already done.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch.distributed as dist
 
 from ...metrics.counters import METRICS
 from ...reduction import ReduceOp
+from .adasum import Segments, adasum_allreduce
 from .completion import Launched
 
 _C10D_REDUCE_OPS = {
@@ -52,7 +54,7 @@ def scale_in_place(tensor: torch.Tensor, factor: float) -> None:
 
 
 def start_allreduce(buffer: torch.Tensor, scaling: Scaling, group: dist.ProcessGroup | None, size: int,
-                    scaled_numel: int | None = None) -> Launched:
+                    scaled_numel: int | None = None, segments: Segments | None = None) -> Launched:
     """Prescale ``buffer`` and start its allreduce on ``group`` (None: a set of one rank, nothing to send).
 
     Finishing the returned ``Launched`` (after its work completes) averages and postscales ``buffer`` in
@@ -78,6 +80,9 @@ def start_allreduce(buffer: torch.Tensor, scaling: Scaling, group: dist.ProcessG
         return buffer
 
     if group is None:
+        return Launched(None, finish)
+    if scaling.op is ReduceOp.ADASUM:  # point-to-point rounds, done here (segments: the tensors of a fused buffer)
+        adasum_allreduce(wire, group, segments)
         return Launched(None, finish)
     options = dist.AllreduceOptions()
     options.reduceOp = _C10D_REDUCE_OPS[scaling.op]

@@ -87,6 +87,7 @@ class Engine:
         self._settling = False
         self._hurried = False
         self._empty_cycles = 0
+        self._everyone_blocked = False
         self._cond = threading.Condition()
         #: The condition's own lock: ``with self._lock`` where no wait or notify follows costs less than
         #: ``with self._cond`` (a Python-level ``__enter__``), on paths that run per request.
@@ -235,6 +236,8 @@ class Engine:
                     return
                 empty = not responses and not any(a.metas or a.cached for a in announcements)
                 self._empty_cycles = self._empty_cycles + 1 if empty else 0
+                # every rank's threads wait on requests no cycle moves (diverged, or a peer's data plane): pace all
+                self._everyone_blocked = empty and all(a.blocked for a in announcements)
                 idle = self._goes_idle()  # the same on every rank
                 if self.rank == 0:
                     self._forget_finished_epochs(self._cycles.agreed_epoch)
@@ -273,7 +276,8 @@ class Engine:
         """Wait for the next cycle: at most one cycle time after the last one started. A request after a
         quiet cycle starts it at once (low latency); while requests keep coming, cycles are paced one
         cycle time apart so that more requests share each negotiation and fused buffer."""
-        own_requests = bool(self._inflight or self._queue)  # a quiet rank the others wait for spaces its cycles
+        # a rank with nothing of its own (the others wait for it), or every rank blocked, spaces its cycles
+        own_requests = bool(self._inflight or self._queue) and not self._everyone_blocked
         deadline = self._cycle_started + self._settings.pace(self._empty_cycles, own_requests)
         with self._cond:
             self._wants_notify = not self._pacing

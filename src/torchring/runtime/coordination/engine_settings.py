@@ -44,7 +44,9 @@ class EngineSettings:
         ``cycle_time_s``. A rank with none, after ``QUIET_AFTER_CYCLES`` empty cycles (the others wait for
         it: a straggler still computing, a rank still loading data), doubles the gap each empty cycle up to
         ``quiet_pace_max_s``: the waiting ranks then block in the control collective instead of cycling a
-        thousand times a second, and its own next request still starts a cycle at once."""
+        thousand times a second, and its own next request still starts a cycle at once. The engine also
+        passes ``own_requests=False`` when every rank's threads are blocked on requests no cycle moves
+        (ranks that diverged, until the deadlock verdict): nobody can progress, so nobody spins."""
         if own_requests or empty_cycles < QUIET_AFTER_CYCLES:
             return self.cycle_time_s
         spaced = self.cycle_time_s * 2 ** min(empty_cycles - QUIET_AFTER_CYCLES + 1, 20)

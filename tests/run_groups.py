@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: wait, so that both groups take about as long.
 BALANCED = ["tests/integration/test_examples.py", "tests/integration/test_gpu_check_script.py",
             "tests/integration/test_horovod_compat.py", "tests/integration/test_elastic_recovery.py",
-            "tests/integration/test_gradient_lane_faults.py", "tests/integration/test_adasum.py"]
+            "tests/integration/test_gradient_lane_faults.py"]
 GROUPS = {"unit+integration": ["tests/unit", "tests/integration", *(f"--ignore={path}" for path in BALANCED)],
           "multihost+examples": ["tests/multihost", *BALANCED]}
 #: The container tests (a real Docker Engine): after the two groups, alone.

@@ -54,9 +54,10 @@ def test_a_killed_spare_is_replaced_without_a_reset():
     assert wait_until_gone(job.marker) == []
 
 
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", [1])
 def test_a_random_loss_removal_and_addition_during_real_training(tmp_path, seed):
     """A worker killed, a host removed and one added, in a random order within about a discovery interval,
-    on loopback "hosts" (benchmarks/elastic_statistics.py runs this 20 times with the machine busy)."""
+    on loopback "hosts" (one seed here; benchmarks/elastic_statistics.py runs this 20 times with the machine
+    busy, which is where a rare wrong answer shows)."""
     ok, detail = random_membership_run(seed, tmp_path)
     assert ok, detail

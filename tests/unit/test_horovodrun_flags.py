@@ -96,9 +96,9 @@ def _config(*flags):
 def test_the_implemented_flags_set_what_the_ranks_read(capsys):
     config = _config("--disable-cache", "--gloo-timeout-seconds", "60", "--log-hide-timestamp",
                      "--prefix-output-with-timestamp", "--min-num-proc", "2", "--max-num-proc", "3")
-    assert config.tuning["HOROVOD_CACHE_CAPACITY"] == "0"
-    assert config.tuning["HOROVOD_GLOO_TIMEOUT_SECONDS"] == "60"
-    assert config.tuning["HOROVOD_LOG_HIDE_TIME"] == "1"
+    assert config.tuning["TORCHRING_CACHE_CAPACITY"] == "0"
+    assert config.tuning["TORCHRING_GLOO_TIMEOUT_SECONDS"] == "60"
+    assert config.tuning["TORCHRING_LOG_HIDE_TIME"] == "1"
     assert config.timestamp_output
     assert config.elastic is not None and (config.elastic.min_np, config.elastic.max_np) == (2, 3)
 

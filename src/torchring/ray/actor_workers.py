@@ -69,12 +69,11 @@ class ActorProcess:
         #: When Ray first said the actor was unavailable (None: it has not).
         self._unavailable_since: float | None = None
         self._lock = threading.Lock()
-        read_out, self._write_out = os.pipe()
-        read_err, self._write_err = os.pipe()
+        read_out, write_out = os.pipe()
+        os.close(write_out)  # the actor's own output reaches the driver through Ray's log forwarding
+        read_err, self._write_err = os.pipe()  # what the driver says about the worker (its exception)
         self.stdout = os.fdopen(read_out, "rb")
         self.stderr = os.fdopen(read_err, "rb")
-        os.close(self._write_out)  # the actor's own output reaches the driver through Ray's log forwarding
-        self._write_out = -1
 
     @property
     def pid(self) -> None:

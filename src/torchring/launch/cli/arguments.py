@@ -135,8 +135,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         hosts = []
     elif allocation is not None:
         hosts, transport = allocation.hosts, "srun"
-        print(f"torchring run: {allocation.describe()}; ranks on other nodes start with srun", file=sys.stderr,
-              flush=True)
+        _say(f"{allocation.describe()}; ranks on other nodes start with srun")
     else:
         hosts = [HostSlots("localhost", max(num_proc or (elastic.max_np if elastic else 1), 1)
                            + (elastic.spares if elastic else 0))]

@@ -71,8 +71,8 @@ def _imports_torch(python: str) -> bool:
 
 def _with_python_that_has_torch(command: list[str], log: Callable[[str], None]) -> list[str]:
     found = shutil.which(command[0])
-    if found is not None and _imports_torch(found):
-        return command
+    if found is not None and (os.path.abspath(found) == os.path.abspath(sys.executable) or _imports_torch(found)):
+        return command  # the launcher's own interpreter (an activated venv) needs no probe
     own = sys.executable
     if found is None:
         log(f"no {command[0]!r} on PATH: the ranks run {own}, the interpreter torchring runs under")

@@ -3,9 +3,9 @@ files and scripts that carry them run unchanged (``horovodrun`` and ``torchring 
 
 Each is one of three kinds (``docs/horovod-migration.md`` has the table):
 
-* **implemented**: the mechanism exists here (``--disable-cache``, ``--gloo-timeout-seconds``, the
-  timestamp flags, ``--stall-check``, ``--no-timeline-mark-cycles``): the flag sets the same ``HOROVOD_*``
-  setting the ranks read, or the launcher's output prefix;
+* **implemented**: the mechanism exists here (the timestamp flags, ``--stall-check``,
+  ``--no-timeline-mark-cycles``; ``--disable-cache`` and ``--gloo-timeout-seconds`` are with the other tuning
+  flags in ``tuning``): the flag sets the setting the ranks read, or the launcher's output prefix;
 * **mapped**: torch does the job itself (``--hierarchical-allreduce``, ``--hierarchical-allgather``,
   ``--torus-allreduce``: NCCL picks ring or tree algorithms per topology on its own): accepted, one line
   says so;
@@ -44,9 +44,6 @@ AUTOTUNE_FLAGS = ("autotune_log_file", "autotune_warmup_samples", "autotune_step
 def add_horovod_flags(parser: argparse.ArgumentParser) -> None:
     """horovodrun's remaining flags, with horovodrun's spellings and negations."""
     group = parser.add_argument_group("horovodrun's other flags (accepted so that Horovod job files run unchanged)")
-    group.add_argument("--disable-cache", action="store_true", help="turn the response cache off (--cache-capacity 0)")
-    group.add_argument("--gloo-timeout-seconds", type=float,
-                       help="seconds one collective may wait for a peer (HOROVOD_GLOO_TIMEOUT_SECONDS, default 30)")
     group.add_argument("-prefix-timestamp", "--prefix-output-with-timestamp", dest="prefix_output_with_timestamp",
                        action="store_true", help="start every relayed line of the ranks with the time")
     group.add_argument("--log-without-timestamp", "--log-hide-timestamp", dest="log_hide_timestamp",
@@ -82,17 +79,11 @@ def add_horovod_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def horovod_flag_effects(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, str]:
-    """The ``HOROVOD_*`` variables the given flags set for every rank; says once what a mapped or
-    meaningless flag does here."""
-    env: dict[str, str] = {}
-    if args.disable_cache:
-        env["HOROVOD_CACHE_CAPACITY"] = "0"
-    if args.gloo_timeout_seconds is not None:
-        if args.gloo_timeout_seconds <= 0:
-            raise ValueError(f"--gloo-timeout-seconds {args.gloo_timeout_seconds:g}: must be positive")
-        env["HOROVOD_GLOO_TIMEOUT_SECONDS"] = f"{args.gloo_timeout_seconds:g}"
-    if args.log_hide_timestamp is not None:
-        env["HOROVOD_LOG_HIDE_TIME"] = "1" if args.log_hide_timestamp else "0"
+    """The variables the given flags set for every rank beyond ``tuning.py``'s table (``TORCHRING_*`` names:
+    flags win over the environment); says once what a mapped or meaningless flag does here."""
+    env: dict[str, str] = {}  # --disable-cache and --gloo-timeout-seconds are in tuning.py's flag table
+    if args.log_hide_timestamp is not None:  # both ways (the table writes only flags that are on)
+        env["TORCHRING_LOG_HIDE_TIME"] = "1" if args.log_hide_timestamp else "0"
     if args.stall_check and args.no_stall_check:
         raise ValueError("--stall-check and --no-stall-check contradict each other")
     if args.no_timeline_mark_cycles and args.timeline_mark_cycles:

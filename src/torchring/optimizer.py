@@ -25,6 +25,7 @@ from . import settings
 from .compression import Compression, Compressor
 from .metrics.counters import METRICS
 from .optim.adasum_optimizer import DistributedAdasumOptimizer
+from .optim.autotune import Autotuner
 from .optim.bucket_reducers import BucketReducer, EngineBucketReducer, PerGradientReducer, ReductionSpec
 from .optim.lane_vote import LANE_DTYPES, LANE_OPS, LaneVote
 from .optim.parameters import default_names, split_groups, validate_named_parameters
@@ -60,10 +61,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._params = [p for p in params if p.requires_grad]
         self._allreduce_delay = {p: backward_passes_per_step for p in self._params}
         self._groups = split_groups(groups, self._params)
-        grouped = {p for group in self._groups for p in group}
         cap_bytes = int(settings.read("BUCKET_CAP_MB") * 1024 * 1024)
         #: The planned flat buckets (engine, then lane) and one bucket per group (gradient by gradient).
-        self._buckets = plan_buckets([p for p in self._params if p not in grouped], cap_bytes)
+        self._buckets = self._plan_flat_buckets(cap_bytes)
         self._group_buckets = [Bucket(index, group) for index, group in enumerate(self._groups)]
         self._group_bucket_ids = {id(b) for b in self._group_buckets}
         self._bucket_of = {p: b for b in self._buckets + self._group_buckets for p in b.params}
@@ -78,6 +78,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         #: Steps whose gradients this rank reduced, and when the last one ended (for the flight recorder).
         self._reduced_steps = 0
         self._last_step_end: float | None = None
+        #: Tunes the engine and the bucket size while training (``HOROVOD_AUTOTUNE``; ``optim.autotune``).
+        self._autotuner = Autotuner.for_optimizer(self, self._params, process_set) if self._reduces() else None
         self._hook_handles = []
         if self._reduces():
             self._hook_handles = [p.register_post_accumulate_grad_hook(self._gradient_ready) for p in self._params]
@@ -122,6 +124,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                              "its first steps were dense; use sparse_as_dense=True for gradients that change kind.")
         reducer = self._per_gradient if sparse or grouped else self._bucket_reducer()
         reducer.bucket_ready(bucket)
+
+    def _plan_flat_buckets(self, cap_bytes: int) -> list[Bucket]:
+        """Buckets of up to ``cap_bytes`` over the gradients that are not in a ``groups=`` group."""
+        grouped = {p for group in self._groups for p in group}
+        return plan_buckets([p for p in self._params if p not in grouped], cap_bytes)
 
     def _bucket_reducer(self) -> BucketReducer:
         """The lane once the ranks have agreed to it, else the engine."""
@@ -188,6 +195,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         finally:
             self._should_synchronize = True
 
+    def set_bucket_cap(self, cap_bytes: int) -> None:
+        """Reduce gradients in buckets of up to ``cap_bytes`` from the next step on (the autotuner calls it;
+        ``TORCHRING_BUCKET_CAP_MB`` sets the first). Every member of the process set must call it after the
+        same step, so that their buckets match."""
+        if self._marked or self._handed:
+            raise RuntimeError("set_bucket_cap() must be called between steps, not after backward()")
+        buckets = self._plan_flat_buckets(cap_bytes)
+        if [list(map(id, b.params)) for b in buckets] == [list(map(id, b.params)) for b in self._buckets]:
+            return
+        self._buckets = buckets
+        self._bucket_of = {p: b for b in self._buckets + self._group_buckets for p in b.params}
+        self._lane_vote.rebucket(self._buckets, [self._bucket_name(b) for b in self._buckets])
+
     def set_backward_passes_per_step(self, passes: int) -> None:
         """Change how many backward passes accumulate locally before gradients are reduced."""
         if passes < 1:
@@ -208,6 +228,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         result = super().step(closure)
         METRICS.step()
         context.note_step()
+        if self._autotuner is not None:
+            self._autotuner.after_step()
         return result
 
     def _local_step(self, closure: Any = None) -> Any:

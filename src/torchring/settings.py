@@ -156,6 +156,14 @@ VARIABLES: tuple[Variable, ...] = (
     _horovod("DYNAMIC_PROCESS_SETS", _flag, False, "allow add_process_set/remove_process_set"),
     _horovod("GLOO_TIMEOUT_SECONDS", _number, 30.0, "seconds one collective may wait for a peer"),
     _horovod("START_TIMEOUT", _number, 300.0, "seconds rendezvous waits for every rank"),
+    _horovod("AUTOTUNE", _flag, False,
+             "tune the fusion threshold, the cycle time and the gradient bucket size while training (docs/tuning.md)"),
+    _horovod("AUTOTUNE_LOG", _text, None, "rank 0 writes every autotune sample here, in Horovod's CSV layout"),
+    _horovod("AUTOTUNE_WARMUP_SAMPLES", _count, 3, "autotune samples discarded at the start"),
+    _horovod("AUTOTUNE_STEPS_PER_SAMPLE", _count, 10, "optimizer steps per autotune sample"),
+    _horovod("AUTOTUNE_BAYES_OPT_MAX_SAMPLES", _count, 20, "autotune samples before the best values are kept"),
+    _horovod("AUTOTUNE_GAUSSIAN_PROCESS_NOISE", _number, 0.8,
+             "noise term (alpha) of the autotuner's Gaussian process; higher on noisier machines"),
     _own("BUCKET_CAP_MB", _number, 25.0, "size of DistributedOptimizer's gradient buckets after the first"),
     _own("GRADIENT_LANE", _flag, True, "0 keeps DistributedOptimizer on the engine instead of its bucket lane"),
     _own("DEADLOCK_TIMEOUT", _non_negative, 5.0,
@@ -230,6 +238,12 @@ class Settings:
     dynamic_process_sets: bool = False
     gloo_timeout_seconds: float = 30.0
     start_timeout: float = 300.0
+    autotune: bool = False
+    autotune_log: str | None = None
+    autotune_warmup_samples: int = 3
+    autotune_steps_per_sample: int = 10
+    autotune_bayes_opt_max_samples: int = 20
+    autotune_gaussian_process_noise: float = 0.8
     bucket_cap_mb: float = 25.0
     gradient_lane: bool = True
     deadlock_timeout: float = 5.0

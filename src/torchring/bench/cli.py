@@ -88,6 +88,10 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--frameworks", default=",".join(FRAMEWORKS),
                        help="frameworks to compare (default torchring,ddp,horovod; horovod is skipped "
                             "with a note when it cannot be used)")
+    train.add_argument("--autotune", action="store_true",
+                       help="also train a torchring optimizer with the autotuner on: it tunes first (warm-up and "
+                            "search, HOROVOD_AUTOTUNE_* apply), then its rounds alternate with the others at the "
+                            "values it chose, and its ratio to plain torchring is reported")
 
     scaling = modes.add_parser(
         "scaling", help="training throughput at 1..N ranks and the scaling efficiency",
@@ -257,7 +261,8 @@ def run_bench(args: argparse.Namespace, argv: Sequence[str] | None = None) -> in
     env = {"OMP_NUM_THREADS": str(args.threads)}
     if args.bench_mode == "train":
         _at_least(args.num_proc, 1, "-np")
-        options = train_options(args, _names(args.frameworks, FRAMEWORKS, "--frameworks"))
+        frameworks = _names(args.frameworks, FRAMEWORKS, "--frameworks")
+        options = train_options(args, frameworks + (("autotune",) if args.autotune else ()))
         hosts = _hosts(args, args.num_proc)
         return _finish(launch("train", options, args.num_proc, hosts, args.verbose, env), args, argv,
                        report.train_table)

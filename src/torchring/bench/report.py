@@ -90,6 +90,8 @@ def train_table(result: Mapping[str, Any]) -> str:
     """One row per framework: mean img/s ± its 95% interval, per rank, and the ratio to DDP and (when it ran)
     to Horovod (ratio of the means, ± the 95% interval of the per-round ratios)."""
     peers = [peer for peer in ("ddp", "horovod") if peer in result["frameworks"]] or ["ddp"]
+    if result.get("autotune"):
+        peers.insert(0, "torchring")
     headers = ["framework", "img/s", "± 95%", "img/s per rank"]
     for peer in peers:
         headers += [f"vs {peer}", "± 95%"]
@@ -129,4 +131,12 @@ def scaling_table(result: Mapping[str, Any]) -> str:
 
 def notes(result: Mapping[str, Any]) -> list[str]:
     """Lines about frameworks that were skipped."""
-    return [f"note: {name} skipped: {reason}" for name, reason in result.get("skipped", {}).items()]
+    lines = [f"note: {name} skipped: {reason}" for name, reason in result.get("skipped", {}).items()]
+    for name, found in (result.get("autotune") or {}).items():
+        values = found["values"]
+        lines.append(f"note: {name} chose cycle {values['cycle_time_ms']:.2f} ms, fusion "
+                     f"{values['fusion_threshold_mb']:.1f} MB, buckets {values['bucket_cap_mb']:.1f} MB after "
+                     f"{found['steps']} tuning steps ({found['seconds']:.1f} s: {found['warmup_samples']} warm-up and "
+                     f"{found['samples']} scored samples of {found['steps_per_sample']} steps); its rounds ran "
+                     "with these values, the other torchring rounds with the job's settings")
+    return lines

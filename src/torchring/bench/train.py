@@ -22,6 +22,14 @@ from torch.nn.parallel import DistributedDataParallel
 
 import torchring
 
+from ..optim.autotune import (
+    SETTLE_STEPS,
+    Autotuner,
+    apply_engine_values,
+    autotune_start_values,
+    describe,
+    enable_autotune,
+)
 from ..runtime import context
 from .horovod_peer import everyone_agrees, load_horovod
 from .models import NUM_CLASSES, build_model, input_shape
@@ -29,6 +37,8 @@ from .options import TrainOptions
 from .stats import Summary
 
 Step = Callable[[], None]
+#: The name the autotuned torchring optimizer has in the results.
+AUTOTUNED = "torchring+autotune"
 
 
 def _sgd(model: nn.Module) -> torch.optim.Optimizer:
@@ -52,6 +62,27 @@ def torchring_step(model_name: str, data: torch.Tensor, target: torch.Tensor) ->
     return _step(model, optimizer, data, target)
 
 
+def autotuned_step(model_name: str, data: torch.Tensor, target: torch.Tensor) -> tuple[Step, Autotuner]:
+    """torchring with its autotuner on this optimizer (``optim.autotune``)."""
+    model = build_model(model_name)
+    torchring.broadcast_parameters(model.state_dict(), root_rank=0)
+    optimizer = torchring.DistributedOptimizer(_sgd(model), named_parameters=model.named_parameters())
+    return _step(model, optimizer, data, target), enable_autotune(optimizer)
+
+
+def tune(step: Step, tuner: Autotuner) -> dict[str, Any]:
+    """Train until the autotuner's search is over (the same number of steps on every rank: warm-up, search
+    and one more sample); what it chose and what it took."""
+    config = tuner.config
+    steps = (config.warmup_samples + config.max_samples + 1) * (config.steps_per_sample + SETTLE_STEPS)
+    started = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return {"values": dict(tuner.values), "steps": steps, "seconds": time.perf_counter() - started,
+            "samples": config.max_samples, "warmup_samples": config.warmup_samples,
+            "steps_per_sample": config.steps_per_sample}
+
+
 def ddp_step(model_name: str, data: torch.Tensor, target: torch.Tensor) -> Step:
     """``DistributedDataParallel`` on the raw gloo group."""
     model = DistributedDataParallel(build_model(model_name))
@@ -66,18 +97,23 @@ def horovod_step(hvd: ModuleType, model_name: str, data: torch.Tensor, target: t
     return _step(model, optimizer, data, target)
 
 
-def set_up(options: TrainOptions) -> tuple[dict[str, Step], dict[str, str]]:
-    """One training step per usable framework (in the order asked), and why the others were skipped."""
+def set_up(options: TrainOptions) -> tuple[dict[str, Step], dict[str, str], dict[str, Autotuner]]:
+    """One training step per usable framework (in the order asked), why the others were skipped, and the
+    autotuner of the autotuned one."""
     world_size = dist.get_world_size()
     generator = torch.Generator().manual_seed(options.seed + dist.get_rank())
     data = torch.randn(options.batch_size, *input_shape(options.model), generator=generator)
     target = torch.randint(0, NUM_CLASSES, (options.batch_size,), generator=generator)
     steps: dict[str, Step] = {}
     skipped: dict[str, str] = {}
+    tuned: dict[str, Autotuner] = {}
     for framework in options.frameworks:
         torch.manual_seed(options.seed)  # the same initial weights for every framework
         if framework == "torchring":
             steps[framework] = torchring_step(options.model, data, target)
+        elif framework == "autotune":
+            steps[AUTOTUNED], tuner = autotuned_step(options.model, data, target)
+            tuned[AUTOTUNED] = tuner
         elif framework == "ddp":
             steps[framework] = ddp_step(options.model, data, target)
         elif framework == "horovod":
@@ -89,7 +125,7 @@ def set_up(options: TrainOptions) -> tuple[dict[str, Step], dict[str, str]]:
             steps[framework] = horovod_step(hvd, options.model, data, target)
         else:
             raise ValueError(f"unknown framework {framework!r}")
-    return steps, skipped
+    return steps, skipped, tuned
 
 
 def _timed_round(step: Step, options: TrainOptions) -> float:
@@ -106,9 +142,13 @@ def run_train(options: TrainOptions, log: Callable[[str], None]) -> dict[str, An
     """Alternate the frameworks for ``options.rounds`` rounds; the result rank 0 reports."""
     torch.set_num_threads(options.threads)
     world_size = dist.get_world_size()
-    steps, skipped = set_up(options)
+    steps, skipped, tuned = set_up(options)
     for framework, reason in skipped.items():
         log(f"skipping {framework}: {reason}")
+    defaults = autotune_start_values()
+    autotune = {name: tune(steps[name], tuner) for name, tuner in tuned.items()}
+    for name, found in autotune.items():
+        log(f"{name}: chose {describe(found['values'])} after {found['steps']} steps ({found['seconds']:.1f} s)")
     names = list(steps)
     images = options.batch_size * world_size * options.batches_per_round
     rates: dict[str, list[float]] = {name: [] for name in names}
@@ -119,6 +159,8 @@ def run_train(options: TrainOptions, log: Callable[[str], None]) -> dict[str, An
         shift = round_index % len(names)
         seconds = torch.zeros(len(names), dtype=torch.float64)
         for name in names[shift:] + names[:shift]:
+            if tuned and "torchring" in name:  # each torchring round runs with its own engine values
+                apply_engine_values(tuned[name].values if name in tuned else defaults)
             before = torch.tensor([engine.cpu_seconds(), *lanes.cpu_seconds()], dtype=torch.float64)
             seconds[names.index(name)] = _timed_round(steps[name], options)
             if name == "torchring":
@@ -137,12 +179,12 @@ def run_train(options: TrainOptions, log: Callable[[str], None]) -> dict[str, An
             entry["engine_cpu_ms_per_step"] = engine_cpu[0].item() * 1000.0 / steps_timed
             entry["lane_cpu_ms_per_step"] = engine_cpu[1].item() * 1000.0 / steps_timed
             entry["lane_copies_ms_per_step"] = engine_cpu[2].item() * 1000.0 / steps_timed
-        for peer in ("ddp", "horovod"):
-            if peer in rates:
+        for peer in ("torchring", "ddp", "horovod"):
+            if peer in rates and peer != name:
                 per_round = [mine / theirs for mine, theirs in zip(rates[name], rates[peer], strict=True)]
                 entry[f"ratio_to_{peer}"] = entry["summary"]["mean"] / Summary.of(rates[peer]).mean
                 entry[f"ratio_to_{peer}_per_round"] = Summary.of(per_round).to_dict()
         frameworks[name] = entry
     return {"mode": "train", "model": options.model, "batch_size": options.batch_size,
             "warmup_batches": options.warmup_batches, "batches_per_round": options.batches_per_round,
-            "rounds": options.rounds, "frameworks": frameworks, "skipped": skipped}
+            "rounds": options.rounds, "frameworks": frameworks, "skipped": skipped, "autotune": autotune}

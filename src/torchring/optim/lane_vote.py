@@ -75,6 +75,14 @@ class LaneVote:
         elif verdict == _YES:
             self._open()
 
+    def rebucket(self, buckets: Sequence[Bucket], names: Sequence[str]) -> None:
+        """New buckets from the next step on; an open lane keeps its groups and takes them too. Every
+        member calls it after the same step."""
+        self._buckets, self._names = list(buckets), list(names)
+        lane = self.lane
+        if lane is not None:
+            lane.rebucket(self._buckets, self._names)
+
     def abandon(self) -> None:
         """Forget the lane's step in flight (``load_state_dict`` after a failure)."""
         if self._lane is not None:

@@ -32,6 +32,7 @@ from .coordination.messages import Announcement, duplicate_message, response_bac
 from .coordination.negotiation import Negotiator, RequestKey, Response
 from .coordination.response_cache import ResponseCache
 from .coordination.stall_inspector import StallInspector
+from .coordination.tuning import tuning_from
 from .coordination.wakeup import Waker
 from .dataplane.completion import Completer, Launched
 from .dataplane.executor import Executor
@@ -387,6 +388,10 @@ class Engine:
         op_type = response.op_type
         self.recorder.ended(self.recorder.started(op_type.value, response.name))
         result: object = None
+        tuning = tuning_from(response.template)
+        if tuning is not None:  # the same place in the response order on every rank, joined ones too
+            self._settings = tuning.applied_to(self._settings)
+            self._planner.set_threshold(tuning.fusion_threshold)
         if op_type is OpType.JOIN:
             result = response.last_joined
         elif op_type in (OpType.ADD_PROCESS_SET, OpType.REMOVE_PROCESS_SET):
@@ -432,9 +437,7 @@ class Engine:
         return f"{text} ({names})" if names else text
 
     def _data_error(self, error: BaseException | None) -> BaseException | None:
-        if error is None:
-            return None
-        return HorovodInternalError(f"torchring collective failed on rank {self.rank}: {error}")
+        return error and HorovodInternalError(f"torchring collective failed on rank {self.rank}: {error}")
 
     def _on_data_failure(self, error: BaseException) -> None:
         """A launched collective failed (a peer died or timed out): fail everything; the engine stops."""

@@ -11,8 +11,8 @@ Each is one of three kinds (``docs/horovod-migration.md`` has the table):
   says so;
 * **no meaning here** (MPI, NCCL stream and CPU-binding knobs): accepted, one line says why.
 
-``--autotune`` and its flags are accepted too; until the autotuner exists, one line says that the job runs
-with the given or default parameters.
+``--autotune`` and its flags are implemented: they set the ``TORCHRING_AUTOTUNE*`` settings the ranks'
+autotuner reads (``optim.autotune``; the ``HOROVOD_AUTOTUNE*`` variables work as well).
 """
 
 from __future__ import annotations
@@ -37,8 +37,13 @@ NO_MEANING = {
     "num_nccl_streams": ("--num-nccl-streams", "each torch NCCL group has its own stream"),
     "thread_affinity": ("--thread-affinity", "torchring pins no background thread to a core"),
 }
-AUTOTUNE_FLAGS = ("autotune_log_file", "autotune_warmup_samples", "autotune_steps_per_sample",
-                  "autotune_bayes_opt_max_samples", "autotune_gaussian_process_noise")
+#: The autotuner's numeric flags: attribute (``TORCHRING_<ATTRIBUTE>`` is the setting), type, help.
+AUTOTUNE_NUMBERS = (
+    ("autotune_warmup_samples", int, "autotune samples discarded at the start (default 3)"),
+    ("autotune_steps_per_sample", int, "optimizer steps per autotune sample (default 10)"),
+    ("autotune_bayes_opt_max_samples", int, "autotune samples before the best values are kept (default 20)"),
+    ("autotune_gaussian_process_noise", float, "noise term of the autotuner's Gaussian process (default 0.8)"),
+)
 
 
 def add_horovod_flags(parser: argparse.ArgumentParser) -> None:
@@ -61,12 +66,12 @@ def add_horovod_flags(parser: argparse.ArgumentParser) -> None:
         group.add_argument(f"--no-{flag}", dest=attribute, action="store_const", const=False,
                            help=argparse.SUPPRESS)
     group.add_argument("--autotune", dest="autotune", action="store_const", const=True,
-                       help="accepted (HOROVOD_AUTOTUNE); the autotuner is not built yet")
+                       help="tune the cycle time, fusion threshold and gradient bucket size while training "
+                            "(docs/tuning.md)")
     group.add_argument("--no-autotune", dest="autotune", action="store_const", const=False, help=argparse.SUPPRESS)
-    group.add_argument("--autotune-log-file", help="where the autotuner logs its samples")
-    for attribute, kind in (("autotune_warmup_samples", int), ("autotune_steps_per_sample", int),
-                            ("autotune_bayes_opt_max_samples", int), ("autotune_gaussian_process_noise", float)):
-        group.add_argument(f"--{attribute.replace('_', '-')}", type=kind, help=argparse.SUPPRESS)
+    group.add_argument("--autotune-log-file", help="rank 0 writes every autotune sample here (Horovod's CSV)")
+    for attribute, kind, text in AUTOTUNE_NUMBERS:
+        group.add_argument(f"--{attribute.replace('_', '-')}", type=kind, help=text)
     group.add_argument("--mpi-threads-disable", dest="mpi_threads_disable", action="store_const", const=True,
                        help="accepted; no MPI runs here")
     group.add_argument("--no-mpi-threads-disable", dest="mpi_threads_disable", action="store_const", const=False,
@@ -96,11 +101,12 @@ def horovod_flag_effects(args: argparse.Namespace, say: Callable[[str], None]) -
                if getattr(args, attribute) not in (None, False)]
     for flag, why in ignored:
         say(f"{flag} has no effect here: {why}")
-    autotune_given = args.autotune or any(getattr(args, attribute) is not None for attribute in AUTOTUNE_FLAGS)
-    if autotune_given:
-        env["HOROVOD_AUTOTUNE"] = "1" if args.autotune else "0"
-        if args.autotune_log_file:
-            env["HOROVOD_AUTOTUNE_LOG"] = args.autotune_log_file
-        say("--autotune: torchring has no autotuner yet; the job runs with the given (or default) fusion "
-            "threshold and cycle time")
+    if args.autotune is not None:
+        env["TORCHRING_AUTOTUNE"] = "1" if args.autotune else "0"
+    if args.autotune_log_file:
+        env["TORCHRING_AUTOTUNE_LOG"] = args.autotune_log_file
+    for attribute, _, _ in AUTOTUNE_NUMBERS:
+        value = getattr(args, attribute)
+        if value is not None:
+            env[f"TORCHRING_{attribute.upper()}"] = str(value)
     return env

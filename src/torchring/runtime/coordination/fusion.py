@@ -87,6 +87,11 @@ class BatchPlanner:
         #: identities from being reused by other objects while they are remembered.
         self._last: tuple[tuple[int, ...], list[Response], list[list[Response]]] | None = None
 
+    def set_threshold(self, threshold: int) -> None:
+        """Plan with ``threshold`` from now on (every rank changes it at the same response: ``tuning``)."""
+        self.threshold = threshold
+        self._last = None
+
     def plan(self, responses: Sequence[Response]) -> list[list[Response]]:
         """The batches of ``responses`` (do not modify them: the plan may be handed out again)."""
         if len(responses) < 2:

@@ -99,9 +99,8 @@ class GradientLane:
         self._ready: set[int] = set()
         self._in_flight: list[_InFlight] = []
         self._step = 0
-        shared = [b.index for b in self.buckets if len(b.params) > 1]
         #: The bucket that carries the "still training" flag; None: a one-element flag travels after the last.
-        self.carrier: int | None = shared[0] if shared else None
+        self.carrier = _carrier_of(self.buckets)
         self._shadow_buffers: dict[int, torch.Tensor] = {}
         #: How long this rank waited for the last step's first bucket (reported in the next carrier).
         self._last_wait_ms = 0.0
@@ -140,6 +139,15 @@ class GradientLane:
             self._ready.clear()
             self._next = 0
             self._step += 1
+
+    def rebucket(self, buckets: Sequence[Bucket], names: Sequence[str]) -> None:
+        """Reduce ``buckets`` from the next step on, on the same groups (the autotuner's bucket size). Every
+        member calls it after the same step, between steps."""
+        if self._in_flight or self._ready or self._next:
+            raise RuntimeError("a gradient lane's buckets can only change between steps")
+        self.buckets, self.names, self._labels = list(buckets), list(names), list(names)
+        self.carrier = _carrier_of(self.buckets)
+        self._shadow_buffers = {}
 
     def abandon(self) -> None:
         """Forget a step that will not be finished (``load_state_dict`` after a failure)."""
@@ -344,3 +352,7 @@ class GradientLane:
             self._report_waits(in_flight.name, reduced[bucket.numel + 1:])
         unpack_bucket(bucket, reduced)
 
+
+def _carrier_of(buckets: Sequence[Bucket]) -> int | None:
+    """The first bucket shared by several gradients (it carries the flag), or None."""
+    return next((bucket.index for bucket in buckets if len(bucket.params) > 1), None)

@@ -1,4 +1,4 @@
-"""``--autotune`` on real ranks: a Horovod job line with the autotuner's flags runs unchanged, writes
+"""``--autotune`` on real ranks: a ``horovodrun`` job line with the autotuner's flags runs unchanged, writes
 Horovod's CSV log, every rank applies the same values after the same step (and so fuses alike), a
 re-initialisation starts a new search, and a joined rank freezes the values."""
 
@@ -6,21 +6,26 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import subprocess
 import sys
+from pathlib import Path
 
-from .jobs import SCRIPTS, run_job
+from .jobs import ROOT, SCRIPTS
 
-HORVOD_LINE = ("--autotune", "--autotune-log-file", "{log}", "--disable-cache", "--gloo-timeout-seconds", "60",
+HOROVOD_LINE = ("--autotune", "--autotune-log-file", "{log}", "--disable-cache", "--gloo-timeout-seconds", "60",
                "--prefix-output-with-timestamp")
 
 
 def test_a_horovod_autotune_job_line_tunes_every_rank_alike(tmp_path):
     log = tmp_path / "tune.csv"
-    flags = [flag.format(log=log) for flag in HORVOD_LINE]
-    result = run_job("run", "--horovod-compat", "-np", "2", *flags, "--autotune-warmup-samples", "1",
-                     "--autotune-steps-per-sample", "3", "--autotune-bayes-opt-max-samples", "6",
-                     sys.executable, str(SCRIPTS / "autotune_job.py"), str(tmp_path / "ranks"),
-                     env={"HOROVOD_LOG_LEVEL": "info"}, timeout=240)
+    flags = [flag.format(log=log) for flag in HOROVOD_LINE]
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "HOROVOD_LOG_LEVEL": "info"}
+    result = subprocess.run([str(bin_dir / "horovodrun"), "-np", "2", "-H", "localhost:2", *flags,
+                             "--autotune-warmup-samples", "1", "--autotune-steps-per-sample", "3",
+                             "--autotune-bayes-opt-max-samples", "6", "python", str(SCRIPTS / "autotune_job.py"),
+                             str(tmp_path / "ranks")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     ranks = [json.loads((tmp_path / f"ranks.{rank}.json").read_text()) for rank in (0, 1)]
 

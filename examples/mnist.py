@@ -61,7 +61,8 @@ def main() -> None:
     use_cuda = args.cuda and torch.cuda.is_available()
     if args.cuda and not use_cuda:
         log.warning("--cuda given but CUDA is not available; training on the CPU")
-    device = torch.device("cuda", hvd.local_rank()) if use_cuda else torch.device("cpu")
+    # one GPU per rank; more ranks than GPUs share them (TORCHRING_CUDA_BACKEND=gloo: NCCL needs one each)
+    device = torch.device("cuda", hvd.local_rank() % torch.cuda.device_count()) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
         torch.cuda.manual_seed(args.seed)

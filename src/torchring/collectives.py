@@ -28,6 +28,7 @@ from .operations import (
 from .process_sets import ProcessSet, global_process_set, resolve
 from .reduction import ReduceOp, resolve_op
 from .runtime import context
+from .runtime.devices import last_cuda_device
 from .runtime.requests import OpType, RequestMeta
 from .runtime.submit import poll, submit, synchronize
 
@@ -110,11 +111,18 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
 
 def join(device: int = -1) -> int:
     """Declare that this rank has no more data: until every rank has joined, it takes part in the
-    others' allreduces with zeros. Returns the last rank to join (the same on every rank)."""
+    others' allreduces with zeros. Returns the last rank to join (the same on every rank).
+
+    ``device``: the CUDA device index its zeros for CUDA tensors are made on; -1 (the default): the GPU of
+    this rank's last CUDA operation, else the calling thread's current CUDA device."""
+    runtime = context.current()
+    if device < 0 and torch.cuda.is_available() and last_cuda_device() is None:
+        device = torch.cuda.current_device()
+    runtime.engine.executor.join_device = device
 
     def meta(n: str, seq: int) -> RequestMeta:
         return RequestMeta(name=n, op_type=OpType.JOIN, seq=seq)
 
     handle = submit(meta, "join", None, None)
-    context.current().lanes.shadow_all()
+    runtime.lanes.shadow_all()
     return synchronize(handle)

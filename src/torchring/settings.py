@@ -71,6 +71,12 @@ LOG_LEVELS = {
 }
 
 
+def _cuda_backend(raw: str) -> str:
+    if raw.lower() not in ("nccl", "gloo"):
+        raise ValueError("use nccl or gloo")
+    return raw.lower()
+
+
 def _log_level(raw: str) -> int:
     level = LOG_LEVELS.get(raw.strip().lower())
     if level is None:
@@ -166,6 +172,10 @@ VARIABLES: tuple[Variable, ...] = (
              "noise term (alpha) of the autotuner's Gaussian process; higher on noisier machines"),
     _own("BUCKET_CAP_MB", _number, 25.0, "size of DistributedOptimizer's gradient buckets after the first"),
     _own("GRADIENT_LANE", _flag, True, "0 keeps DistributedOptimizer on the engine instead of its bucket lane"),
+    _own("NCCL_TIMEOUT_SECONDS", _number, 600.0,
+         "seconds one NCCL collective may wait for a peer before it fails with HorovodInternalError (DDP's default)"),
+    _own("CUDA_BACKEND", _cuda_backend, "nccl",
+         "what moves CUDA tensors: nccl (one GPU per rank), or gloo (several ranks may share a GPU)"),
     _own("DEADLOCK_TIMEOUT", _non_negative, 5.0,
          "seconds every rank must wait for collectives no rank can complete before the job is declared "
          "deadlocked (ranks diverged); 0: never (rank 0's value applies)"),
@@ -246,6 +256,8 @@ class Settings:
     autotune_gaussian_process_noise: float = 0.8
     bucket_cap_mb: float = 25.0
     gradient_lane: bool = True
+    nccl_timeout_seconds: float = 600.0
+    cuda_backend: str = "nccl"
     deadlock_timeout: float = 5.0
     idle_after_ms: float = 0.0
     gc_freeze: bool = True

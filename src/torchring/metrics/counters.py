@@ -27,6 +27,8 @@ class Counters:
         self.phase_seconds = dict.fromkeys(PHASES, 0.0)
         self.fused_buffers = 0
         self.stalls = 0
+        #: The GPU of this process's last CUDA operation (``runtime.devices``); None before any.
+        self.cuda_device: int | None = None
         #: The runtime's own figures (response cache, rank, size), pushed here by ``runtime.context``
         #: (metrics sit below the runtime and never reach into it): {} while none is initialised.
         self.runtime_gauges: Callable[[], dict[str, Any]] = dict
@@ -58,18 +60,19 @@ class Counters:
             }
         data.update(cache_hits=0, cache_misses=0, size=1)
         data.update(self.runtime_gauges())
-        data.update(_cuda_gauges())
+        data.update(_cuda_gauges(self.cuda_device))
         return data
 
 
-def _cuda_gauges() -> dict[str, Any]:
+def _cuda_gauges(device: int | None) -> dict[str, Any]:
     """CUDA memory in use and GPU utilisation (NVML through nvidia-ml-py) where available."""
     import torch
 
     gauges: dict[str, Any] = {}
     if not torch.cuda.is_available():
         return gauges
-    device = torch.cuda.current_device()
+    if device is None:  # no CUDA operation yet; this thread's current device would be GPU 0 on every rank
+        return gauges
     gauges["cuda_memory_bytes"] = torch.cuda.memory_allocated(device)
     try:
         import pynvml

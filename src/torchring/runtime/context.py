@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-import torch
 import torch.distributed as dist
 
 from ..contract import (
@@ -41,6 +40,7 @@ from .coordination.deadlock import Verdict
 from .coordination.engine_settings import EngineSettings
 from .coordination.topology import Topology
 from .coordination.wakeup import LocalWaker, StoreWaker, Waker
+from .dataplane.cuda_groups import cuda_group
 from .dataplane.data_groups import DataGroups
 from .dataplane.executor import Executor
 from .dataplane.lane_registry import GroupOpener, LaneRegistry
@@ -206,18 +206,6 @@ def _engine_settings(everyone: list[tuple], rank: int, settings: Settings) -> En
     )
 
 
-def _cuda_group(store: dist.Store, rank: int, size: int, timeout: timedelta) -> dist.ProcessGroup | None:
-    if not (torch.cuda.is_available() and dist.is_nccl_available()):
-        return None
-    try:
-        options = dist.ProcessGroupNCCL.Options()
-        options._timeout = timeout
-        return dist.ProcessGroupNCCL(store, rank, size, options)
-    except (RuntimeError, AttributeError, TypeError) as error:
-        logger.warning("NCCL is unavailable (%s); collectives on CUDA tensors will fail", error)
-        return None
-
-
 def _peer_failure_reporter(environment: ClusterEnvironment, store: AuthenticatedStore,
                            rank: int) -> Callable[[str], None] | None:
     """Under ``torchring run``, a way to tell the launcher (signed) that this rank fails because of another."""
@@ -242,7 +230,7 @@ def _data_groups(store: dist.Store, base: str, set_rank: int, size: int, timeout
     cpu = None
     if size > 1:
         cpu = gloo_group(dist.PrefixStore(f"{base}/gloo", store), set_rank, size, timeout, lazy)
-    return DataGroups(cpu=cpu, cuda=_cuda_group(dist.PrefixStore(f"{base}/nccl", store), set_rank, size, timeout))
+    return DataGroups(cpu=cpu, cuda=cuda_group(dist.PrefixStore(f"{base}/nccl", store), set_rank, size, cpu))
 
 
 def _job_groups(store: dist.Store, prefix: str, rank: int, size: int, timeout: timedelta, lazy: bool,
@@ -336,7 +324,7 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
             open_groups()
         control_group, data_group = groups[0]
         data_groups = DataGroups(
-            cpu=data_group, cuda=_cuda_group(dist.PrefixStore(f"{prefix}/nccl", store), info.rank, info.size, timeout)
+            cpu=data_group, cuda=cuda_group(dist.PrefixStore(f"{prefix}/nccl", store), info.rank, info.size, data_group)
         )
         clock.lap("nccl group")
         table = ProcessSetTable(info.rank, info.size, data_groups, _group_factory(store, prefix, timeout, lazy))

@@ -28,6 +28,7 @@ from .coordination.cycles import CycleExchange
 from .coordination.deadlock import DeadlockWatch, Verdict
 from .coordination.engine_settings import EngineSettings
 from .coordination.fusion import BatchPlanner
+from .coordination.launch_failures import LaunchFailure, failure_of, launch_failure_verdict
 from .coordination.messages import Announcement, duplicate_message, response_backend_activity, shutdown_error
 from .coordination.negotiation import Negotiator, RequestKey, Response
 from .coordination.response_cache import ResponseCache
@@ -44,6 +45,8 @@ from .requests import DATA_OPS, OpType, Request
 
 #: A burst of submissions counts as over once no request came for this long.
 BURST_SETTLE_S = 0.0002
+#: On a stop for everyone, how long launched collectives get to finish (one may wait for a rank that never joins).
+ABORT_FLUSH_S = 2.0
 
 
 class Engine:
@@ -65,7 +68,7 @@ class Engine:
         self.rank = rank
         self.size = size
         self._control = control
-        self._executor = executor
+        self.executor = executor
         self._process_sets = process_sets
         self._waker = waker
         self._settings = settings
@@ -97,12 +100,12 @@ class Engine:
         self._inflight: dict[RequestKey, Request] = {}
         self._shutdown_requested = False
         self._woken_epoch = -1
-        self._forgotten_epoch = -1
         self._failure: BaseException | None = None
         self._stopped_by: list[int] = []
         self._stalls = StallInspector(self._negotiator, settings.stall_check_enabled and rank == 0,
                                       settings.stall_warning_s, settings.stall_shutdown_s)
         self._stall_abort = ""
+        self._launch_failures: list[LaunchFailure] = []
         #: What this rank's threads are blocked on, and (rank 0) whether every rank is for good.
         self.deadlocks = DeadlockWatch(self._negotiator, settings.deadlock_confirm_s, rank == 0, report_deadlock)
         #: Rank 0 records a Chrome-trace timeline when one is set (``HOROVOD_TIMELINE``, start_timeline()).
@@ -179,7 +182,7 @@ class Engine:
         if self._failure is not None:
             raise HorovodInternalError(str(self._failure)) from self._failure
         if self._stopped_by and self.rank not in self._stopped_by:
-            self._note_peer_failure(f"submitted after rank {self._stopped_by} shut down")
+            note_peer_failure(self._report_peer_failure, f"submitted after rank {self._stopped_by} shut down")
             raise shutdown_error(self._stopped_by)
         if self._stopped.is_set() or self._shutdown_requested:
             raise HorovodInternalError(
@@ -202,7 +205,8 @@ class Engine:
                     raise self._failure
                 cached, misses = self.response_cache.encode([r.meta for r in new_requests])
                 announcement = Announcement(misses, shutting_down, self._woken_epoch, self._stall_abort, cached,
-                                            self.deadlocks.announced())
+                                            self.deadlocks.announced(), launch_failures=tuple(self._launch_failures))
+                self._launch_failures.clear()
                 negotiation_started = time.perf_counter()
                 outcome = self._cycles.run(announcement, self.timeline)
                 announcements, responses = outcome.announcements, outcome.responses
@@ -219,8 +223,12 @@ class Engine:
                     raise self._failure
                 self._inspect_stalls()
                 abort = next((a.stall_abort for a in announcements if a.stall_abort), "")
+                if launch_failure_verdict(announcements):  # launched work waits for ranks that never join it
+                    abort = launch_failure_verdict(announcements)
+                    self._failure = HorovodInternalError(abort)  # refuses new submissions with it too
+                    self._fail_all(self._failure)
                 if abort:
-                    self._completer.flush()
+                    self._completer.flush(ABORT_FLUSH_S)
                     self.deadlocks.aborted = abort  # a step waiting in a gradient lane raises it too
                     self._failure = HorovodInternalError(abort)
                     self._fail_all(self._failure)
@@ -232,7 +240,7 @@ class Engine:
                     with self._cond:
                         operations_lost = bool(self._inflight)
                     if operations_lost and self.rank not in stopping_ranks:
-                        self._note_peer_failure(f"shut down by rank {stopping_ranks}")
+                        note_peer_failure(self._report_peer_failure, f"shut down by rank {stopping_ranks}")
                     self._fail_all(shutdown_error(stopping_ranks))
                     return
                 empty = not responses and not any(a.metas or a.cached for a in announcements)
@@ -241,10 +249,10 @@ class Engine:
                 self._everyone_blocked = empty and all(a.blocked for a in announcements)
                 idle = self._goes_idle()  # the same on every rank
                 if self.rank == 0:
-                    self._forget_finished_epochs(self._cycles.agreed_epoch)
+                    self._waker.forget_through(self._cycles.agreed_epoch)
         except BaseException as error:  # noqa: BLE001 - every failure must reach the waiting ranks
             self._failure = error
-            self._note_peer_failure(f"collective failed: {error}")
+            note_peer_failure(self._report_peer_failure, f"collective failed: {error}")
             self._fail_all(HorovodInternalError(self._failure_text(error)))
             try:
                 self._waker.wake(epoch)
@@ -256,10 +264,6 @@ class Engine:
             self._waker.close()
             self.timeline.close()
             self._stopped.set()
-
-    def _note_peer_failure(self, reason: str) -> None:
-        """Tell the launcher that this rank's operations fail because of another rank."""
-        note_peer_failure(self._report_peer_failure, reason)
 
     def _goes_idle(self) -> bool:
         """Whether every rank's engine blocks after this cycle (decided from state all ranks share).
@@ -303,7 +307,7 @@ class Engine:
         with self._cond:
             self._wants_notify = True
             while (not self._queue and not self._shutdown_requested and not self._stall_abort
-                   and self._woken_epoch < epoch and self._failure is None):
+                   and not self._launch_failures and self._woken_epoch < epoch and self._failure is None):
                 self._cond.wait(self._stalls.check_interval())
                 self._inspect_stalls()
             self._wants_notify = False
@@ -338,11 +342,6 @@ class Engine:
             self._woken_epoch = max(self._woken_epoch, epoch)
             self._cond.notify()
 
-    def _forget_finished_epochs(self, finished: int) -> None:
-        while self._forgotten_epoch < finished:
-            self._forgotten_epoch += 1
-            self._waker.forget(self._forgotten_epoch)
-
     def _drain(self) -> tuple[list[Request], bool]:
         drained, self._queue = self._queue, []
         return drained, self._shutdown_requested
@@ -370,8 +369,9 @@ class Engine:
         timeline.op_start(response.name, op_type.value)
         timeline.activity_start(response.name, response_backend_activity(response))
         try:
-            launched = self._executor.launch(response, request)
-        except Exception as error:  # noqa: BLE001 - e.g. a dtype the backend cannot move: fail this request only
+            launched = self.executor.launch(response, request)
+        except Exception as error:  # noqa: BLE001 - fail this request; the next cycle tells the others (launch_failures)
+            self._launch_failures.append(failure_of(response, error))
             launched = Launched.failed(error)
 
         def on_done(result: object, error: BaseException | None) -> None:
@@ -417,8 +417,9 @@ class Engine:
             for response in batch:
                 timeline.op_start(response.name, response.op_type.value)
         try:
-            launched = self._executor.launch_fused(batch, requests, timeline, response_backend_activity(batch[0]))
-        except Exception as error:  # noqa: BLE001 - fail these requests only
+            launched = self.executor.launch_fused(batch, requests, timeline, response_backend_activity(batch[0]))
+        except Exception as error:  # noqa: BLE001 - fail these requests; the next cycle tells the others
+            self._launch_failures.extend(failure_of(response, error) for response in batch)
             launched = Launched.failed(error)
 
         def on_done(results: list[object] | None, error: BaseException | None) -> None:
@@ -443,7 +444,7 @@ class Engine:
         """A launched collective failed (a peer died or timed out): fail everything; the engine stops."""
         if self._failure is None:
             self._failure = error
-        self._note_peer_failure(f"collective failed: {error}")
+        note_peer_failure(self._report_peer_failure, f"collective failed: {error}")
         self._fail_all(HorovodInternalError(self._failure_text(error)))
         with self._cond:
             self._cond.notify_all()

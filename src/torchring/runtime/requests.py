@@ -8,6 +8,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from .devices import device_name
+
 
 class OpType(str, Enum):
     """The kinds of collective the engine negotiates."""
@@ -111,9 +113,10 @@ class Request(Handle):
     """A rank's own request: metadata plus the local tensors the engine works on. It is also the handle
     that completes it (one object per operation instead of two)."""
 
-    __slots__ = ("buffer", "key", "meta", "ready_event")
+    __slots__ = ("buffer", "key", "meta", "ready_event", "stream")
 
-    def __init__(self, meta: RequestMeta, buffer: torch.Tensor | None = None, ready_event: Any = None) -> None:
+    def __init__(self, meta: RequestMeta, buffer: torch.Tensor | None = None, ready_event: Any = None,
+                 stream: Any = None) -> None:
         Handle.__init__(self)
         self.meta = meta
         #: ``meta.key``, computed once: the engine looks requests up by it several times.
@@ -122,6 +125,8 @@ class Request(Handle):
         self.buffer = buffer
         #: A CUDA event recorded on the submitting stream; the engine waits on it before reading ``buffer``.
         self.ready_event = ready_event
+        #: The submitting CUDA stream, which uses the results the engine hands back.
+        self.stream = stream
 
     def __repr__(self) -> str:
         return f"Request({self.meta!r})"
@@ -135,7 +140,7 @@ def tensor_meta(
     """The negotiation metadata of ``tensor`` for an operation of ``op_type`` (built positionally: this
     runs for every request)."""
     return _new_meta(RequestMeta, (name, op_type, _dtype_name(tensor.dtype), tuple(tensor.shape),
-                                   "cpu" if tensor.is_cpu else tensor.device.type, reduce_op, root_rank,
+                                   "cpu" if tensor.is_cpu else device_name(tensor), reduce_op, root_rank,
                                    prescale_factor, postscale_factor, process_set, splits, group, group_size, seq))
 
 

@@ -12,6 +12,7 @@ import torch
 
 from . import context
 from .coordination.deadlock import BLOCKED_AFTER_S, call_site
+from .devices import note_cuda_device
 from .names import auto_name
 from .requests import Handle, Request, RequestMeta
 
@@ -82,12 +83,15 @@ def check_tensor(tensor: torch.Tensor, in_place: bool) -> None:
         raise ValueError("in-place operations need a contiguous tensor; call tensor.contiguous() first")
 
 
-def _ready_event(tensor: torch.Tensor | None) -> Any:
+def _ready_event(tensor: torch.Tensor | None) -> tuple[Any, Any]:
+    """For a CUDA tensor: an event recorded on the submitting stream, and that stream (else None, None)."""
     if tensor is None or tensor.is_cpu or not tensor.is_cuda:
-        return None
+        return None, None
+    stream = torch.cuda.current_stream(tensor.device)
     event = torch.cuda.Event()
-    event.record(torch.cuda.current_stream(tensor.device))
-    return event
+    event.record(stream)
+    note_cuda_device(tensor.device.index)
+    return event, stream
 
 
 MetaFactory = Callable[[str, int], RequestMeta]
@@ -104,7 +108,7 @@ def make_request(meta_for: MetaFactory, kind: str, name: str | None, buffer: tor
     """A request named after ``kind`` and ``name`` (or ``full_name`` exactly) with this rank's next
     submission number."""
     negotiated = full_name or request_name(kind, name, process_set)
-    return Request(meta_for(negotiated, _table.next_seq()), buffer, _ready_event(buffer))
+    return Request(meta_for(negotiated, _table.next_seq()), buffer, *_ready_event(buffer))
 
 
 _batch = threading.local()

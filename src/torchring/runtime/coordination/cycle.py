@@ -38,7 +38,8 @@ def summarize_announcements(payloads: list[bytes]) -> bytes:
     runs: list[list[int]] = []  # [entry index, number of consecutive ranks that sent it]
     for announcement in announcements:
         key = (tuple(meta.identity for meta in announcement.metas), announcement.shutting_down,
-               announcement.stall_abort, announcement.cached, announcement.blocked, announcement.settle)
+               announcement.stall_abort, announcement.cached, announcement.blocked, announcement.settle,
+               announcement.launch_failures)
         try:
             index = index_of.setdefault(key, len(distinct))
         except TypeError:  # an unhashable field: this rank's announcement stands alone

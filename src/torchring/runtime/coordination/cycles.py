@@ -107,8 +107,8 @@ class CycleExchange:
         cache bits alone."""
         kept_too_long = bool(self._kept) and time.monotonic() - self._kept_since > CARRY_LIMIT_S
         settle = (not announcement.metas and not announcement.shutting_down and not announcement.stall_abort
-                  and not announcement.blocked and not timeline.enabled and not self._negotiator.joined
-                  and not kept_too_long)
+                  and not announcement.blocked and not announcement.launch_failures and not timeline.enabled
+                  and not self._negotiator.joined and not kept_too_long)
         if self._kept:
             mask = int.from_bytes(announcement.cached, "little") | self._kept
             return replace(announcement, settle=settle, cached=mask_to_bytes(mask))

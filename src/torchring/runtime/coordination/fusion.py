@@ -16,7 +16,7 @@ import torch
 from ..requests import OpType
 from .negotiation import Response
 
-FusionKey = tuple[int, str, str, int, float, float]
+FusionKey = tuple[int, str, tuple[str, ...], int, float, float]
 
 
 @functools.cache
@@ -40,8 +40,9 @@ def _fusion_key(response: Response) -> FusionKey | None:
     if len(response.metas) != len(response.members):
         return None
     meta = response.template
-    return (response.process_set, meta.dtype, meta.device, meta.reduce_op, meta.prescale_factor,
-            meta.postscale_factor)
+    # every member's device: a rank never packs tensors of two of its devices into one buffer
+    devices = tuple(meta.device for meta in response.metas.values())
+    return (response.process_set, meta.dtype, devices, meta.reduce_op, meta.prescale_factor, meta.postscale_factor)
 
 
 #: Tensors at least this large are reduced in place on their own: copying them into and out of a

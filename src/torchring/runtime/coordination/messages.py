@@ -27,6 +27,8 @@ class Announcement:
     blocked: tuple = ()
     #: This rank could have settled the cycle without the all-gather (``cycles``): nothing but cache bits.
     settle: bool = False
+    #: Collectives this rank could not start after they were released (``launch_failures``).
+    launch_failures: tuple = ()
 
 
 def response_backend_activity(response: Response) -> str:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ...reduction import ReduceOp
+from ..devices import device_type
 from ..requests import OpType, RequestMeta
 
 RequestKey = tuple[int, str]
@@ -108,7 +109,8 @@ def check_consistency(name: str, metas: dict[int, RequestMeta]) -> str | None:
     checks: list[tuple[str, Callable[[RequestMeta], object]]] = [("operations", lambda m: m.op_type.value)]
     op_type = metas[ranks[0]].op_type
     if op_type not in (OpType.BARRIER, OpType.JOIN, OpType.ADD_PROCESS_SET, OpType.REMOVE_PROCESS_SET):
-        checks += [("data types", lambda m: m.dtype), ("devices", lambda m: m.device)]
+        # device types: ranks usually use different GPUs (their local rank); the indices decide fusion
+        checks += [("data types", lambda m: m.dtype), ("devices", lambda m: device_type(m.device))]
     checks += _SHAPE_CHECKS.get(op_type, [])
     checks.append(("group sizes", lambda m: m.group_size))
     for what, key in checks:

@@ -23,6 +23,9 @@ _LISTEN_TIMEOUT = timedelta(hours=1)
 class Waker:
     """Interface: ``listen`` for a wake-up of an idle epoch, ``wake`` every rank's engine for it."""
 
+    #: The last epoch ``forget_through`` released.
+    _forgotten_through = -1
+
     def listen(self, epoch: int, on_wake: Callable[[int], None]) -> None:
         """Call ``on_wake(epoch)`` (from another thread) once any rank wakes ``epoch``."""
 
@@ -31,6 +34,12 @@ class Waker:
 
     def forget(self, epoch: int) -> None:
         """Release what ``epoch`` used (called by one rank once every rank has left it)."""
+
+    def forget_through(self, finished: int) -> None:
+        """``forget`` every epoch up to ``finished`` not forgotten yet (rank 0, after each cycle)."""
+        for epoch in range(self._forgotten_through + 1, finished + 1):
+            self.forget(epoch)
+        self._forgotten_through = max(self._forgotten_through, finished)
 
     def close(self) -> None:
         """Stop listening."""

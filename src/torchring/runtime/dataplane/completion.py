@@ -65,11 +65,16 @@ class Completer:
         if inline:  # nothing to wait for and nothing ahead of it (only the engine thread adds)
             self._complete(launched, on_done)
 
-    def flush(self) -> None:
-        """Block until every work added so far has been finished."""
+    def flush(self, timeout: float | None = None) -> bool:
+        """Block until every work added so far has been finished (or ``timeout`` seconds passed: False)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while self._queue or self._busy:
-                self._cond.wait()
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop after the queued works; gives up waiting after ``timeout`` (a stuck peer)."""

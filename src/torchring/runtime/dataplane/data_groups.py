@@ -18,7 +18,7 @@ class DataGroups:
 
     def for_device(self, device: str, size: int) -> dist.ProcessGroup | None:
         """The group for tensors on ``device``; None only in a set of one rank without such a group."""
-        group = self.cuda if device == "cuda" else self.cpu
+        group = self.cuda if device.startswith("cuda") else self.cpu
         if group is None and size > 1:
             raise RuntimeError(
                 f"no process group for {device} tensors: NCCL is unavailable in this torch build; "

@@ -20,8 +20,10 @@ import torch.distributed as dist
 from ...metrics.counters import METRICS
 from ...reduction import ReduceOp
 from ..coordination.negotiation import Response
+from ..devices import is_cuda, last_cuda_device
 from ..requests import OpType, Request, RequestMeta
 from .completion import Launched
+from .cuda_streams import EngineStreams
 from .reduce import Scaling, start_allreduce
 
 if TYPE_CHECKING:
@@ -49,28 +51,16 @@ def _wire_view(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def _zeros_like_meta(meta: RequestMeta, first_dim: int | None = None) -> torch.Tensor:
-    shape = meta.shape if first_dim is None else (first_dim, *meta.shape[1:])
-    device = "cuda" if meta.device == "cuda" else "cpu"
-    if device == "cuda":
-        device = torch.device("cuda", torch.cuda.current_device())
-    return torch.zeros(shape, dtype=getattr(torch, meta.dtype), device=device)
-
-
-def _cuda_synchronous(device: str, buffer: torch.Tensor | None, requests: list[Request],
-                      run: Callable[[], Launched]) -> Launched:
-    """CUDA work runs on the buffer's device after the submitting streams' events, and is waited for
-    here, so a completed handle means the data is there."""
-    with torch.cuda.device(buffer.device if buffer is not None else torch.cuda.current_device()):
-        for request in requests:
-            if request.ready_event is not None:
-                torch.cuda.current_stream().wait_event(request.ready_event)
-        launched = run()
-        if launched.work is not None:
-            launched.work.wait()
-        result = launched.finish()
-        torch.cuda.current_stream().synchronize()
-    return Launched.done(result)
+def joined_device(meta: RequestMeta, join_device: int) -> torch.device:
+    """Where a joined rank makes its zeros for a response of ``meta`` (another rank's metadata): the CPU for
+    CPU tensors; for CUDA ones this rank's own GPU: ``join(device)``'s, else the one its own requests used."""
+    if not is_cuda(meta.device):
+        return torch.device("cpu")
+    index = join_device if join_device >= 0 else last_cuda_device()
+    if index is None:
+        raise RuntimeError(f"this rank has joined and has no CUDA device to take part in '{meta.name}' with: "
+                           "call hvd.join(device=<its GPU index>)")
+    return torch.device("cuda", index)
 
 
 def scatter_rows(rows: int, size: int) -> list[int]:
@@ -95,16 +85,23 @@ class Executor:
         self.process_sets = process_sets
         self.rank = rank
         self.fusion_buffers = FusionBufferPool()
+        self.streams = EngineStreams()
+        #: The GPU this rank makes zeros on once it has joined (``join(device)``; -1: the one it last used).
+        self.join_device = -1
+
+    def _zeros(self, meta: RequestMeta, first_dim: int | None = None) -> torch.Tensor:
+        """A joined rank's part: zeros shaped like ``meta`` (another rank's), on this rank's device."""
+        shape = meta.shape if first_dim is None else (first_dim, *meta.shape[1:])
+        return torch.zeros(shape, dtype=getattr(torch, meta.dtype), device=joined_device(meta, self.join_device))
 
     def launch_fused(self, batch: list[Response], requests: list[Request], timeline: Any,
                      backend_activity: str) -> Launched:
         """Reduce several allreduce requests of one kind (see ``fusion``) through one shared buffer."""
         buffers = [request.buffer for request in requests]
         assert all(buffer is not None for buffer in buffers)
-        device = batch[0].template.device
-        if device == "cuda":
-            return _cuda_synchronous(device, buffers[0], requests,
-                                     lambda: self._launch_fused(batch, buffers, timeline, backend_activity))
+        if buffers[0].is_cuda:
+            return self.streams.launch(buffers[0].device, requests,
+                                       lambda: self._launch_fused(batch, buffers, timeline, backend_activity))
         return self._launch_fused(batch, buffers, timeline, backend_activity)
 
     def _launch_fused(self, batch: list[Response], buffers: list[torch.Tensor], timeline: Any,
@@ -160,9 +157,10 @@ class Executor:
         if op_type is OpType.BARRIER:
             return Launched.done(None)
         buffer = request.buffer if request is not None else None
-        if response.template.device == "cuda":
-            return _cuda_synchronous("cuda", buffer, [request] if request is not None else [],
-                                     lambda: self._start(op_type, response, buffer))
+        if is_cuda(response.template.device):
+            device = buffer.device if buffer is not None else joined_device(response.template, self.join_device)
+            return self.streams.launch(device, [request] if request is not None else [],
+                                       lambda: self._start(op_type, response, buffer))
         return self._start(op_type, response, buffer)
 
     def _start(self, op_type: OpType, response: Response, buffer: torch.Tensor | None) -> Launched:
@@ -191,13 +189,13 @@ class Executor:
     def _allreduce(self, response: Response, buffer: torch.Tensor | None, group: dist.ProcessGroup | None,
                    size: int) -> Launched:
         if buffer is None:
-            buffer = _zeros_like_meta(response.template)
+            buffer = self._zeros(response.template)
         return self._start_reduce(buffer, response.template, group, size)
 
     def _broadcast(self, response: Response, buffer: torch.Tensor | None,
                    group: dist.ProcessGroup | None) -> Launched:
         meta = response.template
-        target = _zeros_like_meta(meta) if buffer is None else buffer
+        target = self._zeros(meta) if buffer is None else buffer
         options = dist.BroadcastOptions()
         options.rootRank = self.process_sets.set_rank(response.process_set, meta.root_rank)
         return _launch(group, lambda g: g.broadcast([_wire_view(target)], options), lambda: target)
@@ -205,7 +203,7 @@ class Executor:
     def _allgather(self, response: Response, buffer: torch.Tensor | None, group: dist.ProcessGroup | None,
                    size: int) -> Launched:
         meta = response.template
-        source = _zeros_like_meta(meta, first_dim=0) if buffer is None else buffer
+        source = self._zeros(meta, first_dim=0) if buffer is None else buffer
         first_dims = [response.metas[r].shape[0] if r in response.metas else 0 for r in response.members]
         rest = tuple(source.shape[1:])
         output = source.new_empty((sum(first_dims), *rest))

@@ -37,6 +37,7 @@ from .buckets import Bucket, pack_bucket, unpack_bucket
 from .completion import Launched
 from .data_groups import DataGroups
 from .reduce import Scaling, start_allreduce
+from .stall_watch import CudaStallWatch
 
 logger = logging.getLogger("torchring")
 
@@ -104,6 +105,8 @@ class GradientLane:
         self._shadow_buffers: dict[int, torch.Tensor] = {}
         #: How long this rank waited for the last step's first bucket (reported in the next carrier).
         self._last_wait_ms = 0.0
+        #: Warns about CUDA buckets still on the wire after ``stall_warning_s`` (``stall_watch``).
+        self._cuda_stalls = CudaStallWatch(settings.stall_warning_s, self._warn_stalled)
 
     # ---- training ranks -------------------------------------------------------------------------
 
@@ -274,9 +277,11 @@ class GradientLane:
         warn_s = self._settings.stall_warning_s
         try:
             if not stall_checks or warn_s <= 0 or in_flight.wire.is_cuda:
-                # NCCL: wait() orders the current stream after the collective without blocking the CPU, and
-                # a timed wait could abort the communicator; its own watchdog reports hangs there
+                # CUDA: wait() orders the current stream after the collective without blocking the CPU, and
+                # a timed wait could abort the communicator; a thread of its own warns about a long one
                 work.wait()
+                if in_flight.wire.is_cuda and stall_checks:
+                    self._cuda_stalls.watch(work, in_flight.name)
             else:
                 self._wait_watched(work, in_flight.name, warn_s)
         except HorovodInternalError:
@@ -326,14 +331,22 @@ class GradientLane:
 
     def _stalled(self, name: str, waited: float) -> None:
         shutdown_s = self._settings.stall_shutdown_s
-        message = (f"gradient bucket '{name}' (step {self._step} of this optimizer) has waited {waited:.0f} s for "
-                   "the other ranks. One of them has stopped training: it ran out of data (call hvd.join() "
-                   "when a rank has no more batches), is stuck, or skipped optimizer.step().")
+        message = self._stall_message(name, waited)
         METRICS.stalls += 1
         if shutdown_s > 0 and waited >= shutdown_s:
             raise HorovodInternalError(f"{message} Giving up after HOROVOD_STALL_SHUTDOWN_TIME_SECONDS="
                                        f"{shutdown_s:g}.")
         logger.warning(message)
+
+    def _warn_stalled(self, name: str, waited: float) -> None:
+        """A CUDA bucket's stall (from the watch's thread): a warning; NCCL's timeout stops the job."""
+        METRICS.stalls += 1
+        logger.warning(self._stall_message(name, waited))
+
+    def _stall_message(self, name: str, waited: float) -> str:
+        return (f"gradient bucket '{name}' (step {self._step} of this optimizer) has waited {waited:.0f} s for "
+                   "the other ranks. One of them has stopped training: it ran out of data (call hvd.join() "
+                "when a rank has no more batches), is stuck, or skipped optimizer.step().")
 
     def _report_waits(self, name: str, waits_ms: torch.Tensor) -> None:
         timeline = self._timeline()

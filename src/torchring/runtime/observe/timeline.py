@@ -48,7 +48,7 @@ _IDLE, _NEGOTIATING, _TOP_LEVEL, _ACTIVITY = range(4)
 
 def backend_activity(device: str, op: str) -> str:
     """The timeline name of a collective's backend step on ``device``, e.g. ``GLOO_ALLREDUCE``."""
-    return f"{'NCCL' if device == 'cuda' else 'GLOO'}_{op.upper()}"
+    return f"{'NCCL' if device.startswith('cuda') else 'GLOO'}_{op.upper()}"
 
 
 def _shape_string(shape: Sequence[int]) -> str:

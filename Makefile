@@ -61,13 +61,11 @@ test-deps:
 image:
 	IMAGE=$(or $(IMAGE),torchring:cpu) TORCH_VERSION=$(TORCH_VERSION) docker/make_image.sh
 
-# On a machine with CUDA: the GPU tests, then the GPU benchmark, with a CUDA build of torch in the venv
-# (kept when one of TORCH_VERSION is there already).
+# On a machine with CUDA: the GPU tests, then benchmarks/gpu_check.py at 2 ranks (values and targets), with a
+# python whose torch sees CUDA (GPU_PYTHON, .venv, or python3 through .venv-gpu); installs nothing from an
+# index (tools/gpu-check.sh says how it picks and what it runs; docs/testing.md, "The GPU check").
 gpu-check:
-	@$(MAKE) --no-print-directory venv TORCH_BUILD=cuda
-	$(BIN)/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu-check: torch sees no CUDA device (a CPU build of torch, or no GPU)')"
-	$(BIN)/python -m pytest -m gpu tests/integration/test_gpu.py
-	$(BIN)/torchring run -np 1 $(BIN)/python benchmarks/gpu_check.py
+	tools/gpu-check.sh
 
 # ruff is pinned in the test extra; `make test` lints first.
 lint: $(STAMP)

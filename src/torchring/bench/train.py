@@ -180,7 +180,7 @@ def run_train(options: TrainOptions, log: Callable[[str], None]) -> dict[str, An
             entry["lane_cpu_ms_per_step"] = engine_cpu[1].item() * 1000.0 / steps_timed
             entry["lane_copies_ms_per_step"] = engine_cpu[2].item() * 1000.0 / steps_timed
         for peer in ("torchring", "ddp", "horovod"):
-            if peer in rates and peer != name:
+            if peer in rates and (peer != "torchring" or tuned):  # vs plain torchring: with --autotune
                 per_round = [mine / theirs for mine, theirs in zip(rates[name], rates[peer], strict=True)]
                 entry[f"ratio_to_{peer}"] = entry["summary"]["mean"] / Summary.of(rates[peer]).mean
                 entry[f"ratio_to_{peer}_per_round"] = Summary.of(per_round).to_dict()

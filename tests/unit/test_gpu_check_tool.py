@@ -31,7 +31,10 @@ def test_gpu_check_stops_with_one_line_when_torch_sees_no_cuda_device():
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 def test_make_gpu_check_runs_the_tool_and_installs_no_torch():
-    dry_run = subprocess.run(["make", "-n", "gpu-check"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    # outside the make that may run this test (make test): its MAKEFLAGS would add "Entering directory" lines
+    env = {key: value for key, value in os.environ.items() if key not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    dry_run = subprocess.run(["make", "--no-print-directory", "-n", "gpu-check"], cwd=ROOT, capture_output=True,
+                             text=True, timeout=60, env=env)
     assert dry_run.returncode == 0, dry_run.stderr
     assert dry_run.stdout.split() == ["tools/gpu-check.sh"]
     installs = [line for line in TOOL.read_text().splitlines()

@@ -32,6 +32,8 @@ import logging
 import os
 import statistics
 import time
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,6 +71,8 @@ DRIFT_SAMPLES = 5
 LOG_HEADER = "hierarchical_allreduce,hierarchical_allgather,cycle_time_ms,tensor_fusion_threshold,score,bucket_cap_mb"
 
 _log = logging.getLogger("torchring")
+#: The optimizer this process tunes (the first one built with autotune on, while it lives).
+_tuned_optimizer: Callable[[], Any] = lambda: None  # noqa: E731 - a dead weak reference until one is tuned
 
 
 @dataclass(frozen=True)
@@ -216,11 +220,18 @@ class Autotuner:
     def for_optimizer(cls, optimizer: Any, params: list[torch.Tensor], process_set: Any,
                       config: AutotuneConfig | None = None) -> Autotuner | None:
         """An autotuner for ``optimizer`` when ``HOROVOD_AUTOTUNE`` is on (or ``config`` is given), else None."""
+        global _tuned_optimizer
         if config is None and not settings.read("AUTOTUNE"):
             return None
         if process_set.process_set_id != global_process_set.process_set_id:
             _log.warning("autotune: only an optimizer over every rank is tuned; this one is not")
             return None
+        tuned = _tuned_optimizer()
+        if tuned is not None and tuned is not optimizer:
+            _log.warning("autotune: another DistributedOptimizer of this process is tuned already; this one is not "
+                         "(the engine's values are the process's, one tuner decides them)")
+            return None
+        _tuned_optimizer = weakref.ref(optimizer)
         step_bytes = sum(p.numel() * p.element_size() for p in params)
         return cls(optimizer, step_bytes, config or AutotuneConfig.from_env())
 

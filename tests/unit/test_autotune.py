@@ -60,14 +60,30 @@ def test_rank_0_warms_up_searches_logs_each_sample_and_keeps_the_best(tmp_path):
     for score in scores:
         tried.append(measured)
         measured = decider.decide(measured, score)
-    assert not decider.searching and measured == tried[1] == decider.best  # the second point, rated best
+    # the second point is rated best; it is measured against the starting values, alternately, and wins
+    assert decider.searching and measured == tried[1]
+    for _ in range(autotune.CONFIRM_PAIRS):
+        assert decider.decide(measured, 9.0) == _values()
+        measured = decider.decide(_values(), 5.0)
+    assert not decider.searching and measured == tried[1] == decider.best
     assert tried[0] == _values() and tried[1] == {**autotune.SPREAD_POINTS[0]}
     rows = list(csv.reader(log.open()))
     assert rows[0] == LOG_HEADER.split(",") and len(rows) == 1 + len(scores) + 1
     assert [float(row[4]) for row in rows[1:-1]] == scores
-    # the last line: the kept values, with the model's rating of them (between the scores seen)
+    # the last line: the kept values, with their median score in the confirmation
     assert rows[-1][:2] == ["0", "0"] and float(rows[-1][2]) == tried[1]["cycle_time_ms"]
-    assert min(scores) <= float(rows[-1][4]) <= max(scores)
+    assert float(rows[-1][4]) == 9.0
+
+
+def test_a_pick_slower_than_the_starting_values_is_not_kept():
+    decider = _Decider(AutotuneConfig(None, warmup_samples=0, max_samples=2), _values())
+    pick = decider.decide(_values(), 5.0)  # the start, then the first spread point scores higher by luck
+    measured = decider.decide(pick, 8.0)
+    assert measured == pick != _values()
+    for _ in range(autotune.CONFIRM_PAIRS):  # measured again, the pick is slower than the start
+        assert decider.decide(measured, 4.0) == _values()
+        measured = decider.decide(_values(), 6.0)
+    assert not decider.searching and decider.best == measured == _values()
 
 
 def test_after_the_search_a_lasting_drop_starts_a_new_one_and_noise_does_not():

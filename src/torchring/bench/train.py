@@ -23,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 import torchring
 
 from ..optim.autotune import (
+    CONFIRM_PAIRS,
     SETTLE_STEPS,
     Autotuner,
     apply_engine_values,
@@ -71,10 +72,11 @@ def autotuned_step(model_name: str, data: torch.Tensor, target: torch.Tensor) ->
 
 
 def tune(step: Step, tuner: Autotuner) -> dict[str, Any]:
-    """Train until the autotuner's search is over (the same number of steps on every rank: warm-up, search
-    and one more sample); what it chose and what it took."""
+    """Train until the autotuner's search is over (the same number of steps on every rank: warm-up, search,
+    the confirmation of its pick and one more sample); what it chose and what it took."""
     config = tuner.config
-    steps = (config.warmup_samples + config.max_samples + 1) * (config.steps_per_sample + SETTLE_STEPS)
+    samples = config.warmup_samples + config.max_samples + 2 * CONFIRM_PAIRS + 1
+    steps = samples * (config.steps_per_sample + SETTLE_STEPS)
     started = time.perf_counter()
     for _ in range(steps):
         step()

@@ -6,8 +6,10 @@ steps (after ``SETTLE_STEPS`` untimed ones following each change) is a **sample*
 gradient bytes the optimizer reduced per microsecond, as Horovod scores (for a given model, proportional
 to steps per second). Rank 0 alone decides: it discards the first ``HOROVOD_AUTOTUNE_WARMUP_SAMPLES``
 samples, then measures the current settings and a few spread points, then asks a Bayesian search
-(``bayes_search``) for the next point, up to ``HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES`` samples, and keeps
-the best. After that it keeps scoring samples at the best values, and starts a new search when the
+(``bayes_search``) for the next point, up to ``HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES`` samples. The point
+the search rates best is then measured against the starting values, alternately (``CONFIRM_PAIRS`` each),
+and kept only if it is at least as fast: autotune never settles on something slower than the defaults it
+measured. After that it keeps scoring samples at the best values, and starts a new search when the
 median of the last ``DRIFT_SAMPLES`` scores falls below ``DRIFT_RATIO`` of the median of the first ones
 after the search (the data or the machine changed); a re-initialisation (an elastic reset) starts a new
 search too, from the best values so far.
@@ -61,6 +63,9 @@ KNOB_SETTINGS = {"cycle_time_ms": "CYCLE_TIME", "fusion_threshold_mb": "FUSION_T
 SPREAD_POINTS = ({"cycle_time_ms": 2.0, "fusion_threshold_mb": 32.0, "bucket_cap_mb": 4.0},
                  {"cycle_time_ms": 5.0, "fusion_threshold_mb": 64.0, "bucket_cap_mb": 64.0},
                  {"cycle_time_ms": 1.0, "fusion_threshold_mb": 8.0, "bucket_cap_mb": 1.0})
+#: After the search, its pick and the starting values are measured this many times each, alternately; the pick
+#: is kept only if its median is at least the starting values' (a pick among noisy samples is often luck).
+CONFIRM_PAIRS = 3
 #: Steps after a change that are not timed: the first one re-plans buckets and fills new buffers.
 SETTLE_STEPS = 2
 #: After the search, the median of the first ``DRIFT_SAMPLES`` samples at the best values is the baseline; when
@@ -129,6 +134,11 @@ class _Decider:
         self.searching = not self._missing
         self._warmup = self._config.warmup_samples
         self._baseline, self._recent = [], []
+        self._start = dict(start)
+        #: After the search: the samples still to measure (candidate, start, ...) and each one's scores.
+        self._confirm_order: list[int] = []
+        self._confirm_scores: tuple[list[float], list[float]] = ([], [])
+        self._candidate: dict[str, float] = dict(start)
         tuned = [knob for knob in KNOBS if knob.name not in self._fixed]
         first = [start] + [{**point, **self._fixed} for point in SPREAD_POINTS]
         self._search = BayesianSearch(tuned, first, self._config.noise)
@@ -137,6 +147,8 @@ class _Decider:
         """The values for the next sample, given that ``measured`` scored ``score``."""
         if not self.searching:
             return self._watch(measured, score)
+        if self._confirm_order:
+            return self._confirm(score)
         if self._warmup > 0:
             self._warmup -= 1
             self._log.info("autotune: warming up (%d samples left)", self._warmup)
@@ -146,13 +158,34 @@ class _Decider:
         self._write(measured, score)
         self._log.info("autotune: sample %d: %s: %.1f bytes/us", self._search.samples, describe(measured), score)
         if self._search.samples >= max(1, self._config.max_samples):
-            self.best, self.best_score = self._search.best()
-            self.best = {**self.best, **self._fixed}
-            self.searching = False
-            self._write(self.best, self.best_score)
-            self._log.info("autotune: best %s: %.1f bytes/us; kept from now on", describe(self.best), self.best_score)
-            return self.best
+            candidate, rating = self._search.best()
+            self._candidate = {**candidate, **self._fixed}
+            if self._candidate == self._start:
+                return self._keep(self._candidate, rating)
+            # the search's pick against the values the job started with, alternately (same noise for both)
+            self._confirm_order = [0, 1] * CONFIRM_PAIRS
+            self._confirm_scores = ([], [])
+            self._log.info("autotune: %s rated best (%.1f bytes/us); measuring it against %s", describe(candidate),
+                           rating, describe(self._start))
+            return self._candidate
         return {**self._search.suggest(), **self._fixed}
+
+    def _confirm(self, score: float) -> dict[str, float]:
+        """One sample of the confirmation; at its end, keep the pick only if it is at least as fast as the start."""
+        self._confirm_scores[self._confirm_order.pop(0)].append(score)
+        if self._confirm_order:
+            return self._candidate if self._confirm_order[0] == 0 else self._start
+        picked, started = (statistics.median(scores) for scores in self._confirm_scores)
+        if picked >= started:
+            return self._keep(self._candidate, picked)
+        self._log.info("autotune: the pick measured %.1f bytes/us, the starting values %.1f", picked, started)
+        return self._keep(self._start, started)
+
+    def _keep(self, values: dict[str, float], score: float) -> dict[str, float]:
+        self.best, self.best_score, self.searching = values, score, False
+        self._write(values, score)
+        self._log.info("autotune: best %s: %.1f bytes/us; kept from now on", describe(values), score)
+        return values
 
     def _watch(self, measured: dict[str, float], score: float) -> dict[str, float]:
         """After the search: keep the best values, and search again when their score drops for good."""

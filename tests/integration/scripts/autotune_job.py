@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from torchring.runtime import context
 
-PHASE_STEPS = 60
+PHASE_STEPS = 80
 
 
 def main(prefix: str) -> None:

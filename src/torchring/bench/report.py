@@ -136,7 +136,8 @@ def notes(result: Mapping[str, Any]) -> list[str]:
         values = found["values"]
         lines.append(f"note: {name} chose cycle {values['cycle_time_ms']:.2f} ms, fusion "
                      f"{values['fusion_threshold_mb']:.1f} MB, buckets {values['bucket_cap_mb']:.1f} MB after "
-                     f"{found['steps']} tuning steps ({found['seconds']:.1f} s: {found['warmup_samples']} warm-up and "
-                     f"{found['samples']} scored samples of {found['steps_per_sample']} steps); its rounds ran "
+                     f"{found['steps']} tuning steps ({found['seconds']:.1f} s: {found['warmup_samples']} warm-up, "
+                     f"{found['samples']} scored and {found.get('confirm_samples', 0)} confirming samples of "
+                     f"{found['steps_per_sample']} steps); its rounds ran "
                      "with these values, the other torchring rounds with the job's settings")
     return lines

@@ -82,7 +82,7 @@ def tune(step: Step, tuner: Autotuner) -> dict[str, Any]:
         step()
     return {"values": dict(tuner.values), "steps": steps, "seconds": time.perf_counter() - started,
             "samples": config.max_samples, "warmup_samples": config.warmup_samples,
-            "steps_per_sample": config.steps_per_sample}
+            "confirm_samples": 2 * CONFIRM_PAIRS, "steps_per_sample": config.steps_per_sample}
 
 
 def ddp_step(model_name: str, data: torch.Tensor, target: torch.Tensor) -> Step:

@@ -125,4 +125,6 @@ def join(device: int = -1) -> int:
 
     handle = submit(meta, "join", None, None)
     runtime.lanes.shadow_all()
-    return synchronize(handle)
+    last = synchronize(handle)
+    runtime.joins += 1
+    return last

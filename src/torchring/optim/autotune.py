@@ -148,11 +148,11 @@ class _Decider:
         if not self.searching:
             return self._watch(measured, score)
         if self._confirm_order:
-            return self._confirm(score)
+            return self._confirm(measured, score)
         if self._warmup > 0:
             self._warmup -= 1
             self._log.info("autotune: warming up (%d samples left)", self._warmup)
-            return measured
+            return self._start  # after a re-initialisation the engine is back at its settings
         assert self._search is not None
         self._search.record(measured, score)
         self._write(measured, score)
@@ -170,9 +170,11 @@ class _Decider:
             return self._candidate
         return {**self._search.suggest(), **self._fixed}
 
-    def _confirm(self, score: float) -> dict[str, float]:
+    def _confirm(self, measured: dict[str, float], score: float) -> dict[str, float]:
         """One sample of the confirmation; at its end, keep the pick only if it is at least as fast as the start."""
-        self._confirm_scores[self._confirm_order.pop(0)].append(score)
+        expected = self._candidate if self._confirm_order[0] == 0 else self._start
+        if measured == expected:  # else the values could not change (a rank had joined): measure it again
+            self._confirm_scores[self._confirm_order.pop(0)].append(score)
         if self._confirm_order:
             return self._candidate if self._confirm_order[0] == 0 else self._start
         picked, started = (statistics.median(scores) for scores in self._confirm_scores)
@@ -243,6 +245,7 @@ class Autotuner:
         self._runtime: Any = None
         self._decider: _Decider | None = None
         self._steps = 0
+        self._joins = 0
         self._sample_started = 0.0
         self.values = autotune_start_values()
         #: (optimizer step, values applied after it): the same on every rank.
@@ -279,6 +282,8 @@ class Autotuner:
         runtime = context.current()
         if runtime is not self._runtime:
             self._restart(runtime)
+        if runtime.joins != self._joins:  # ranks that joined took fewer steps: every rank starts a sample afresh
+            self._joins, self._steps = runtime.joins, 0
         self._step_count += 1
         self._steps += 1
         if self._steps == SETTLE_STEPS:
@@ -297,7 +302,7 @@ class Autotuner:
         """First step, or the first after a re-initialisation: the engine has its configured values again."""
         first = self._runtime is None
         self._runtime = runtime
-        self._steps = 0
+        self._steps, self._joins = 0, runtime.joins
         engine = runtime.engine.settings
         self.values = {**self.values, "cycle_time_ms": engine.cycle_time_s * 1000.0,
                        "fusion_threshold_mb": engine.fusion_threshold / MB}
@@ -310,20 +315,21 @@ class Autotuner:
                                         self._decider.best if self._decider.best_score > 0 else self.values)
 
     def _exchange(self, proposal: dict[str, float] | None) -> dict[str, float] | None:
-        """Rank 0's values on every rank, or None when some rank has joined (nothing changes then)."""
+        """Rank 0's values on every rank when they change, else None (also while some rank has joined)."""
         from ..collectives import allreduce
 
         names = [knob.name for knob in KNOBS]
-        numbers = [1.0] + ([proposal[name] for name in names] if proposal is not None else [0.0] * len(names))
+        # every rank adds 1 (a joined rank adds 0); rank 0 alone says whether the values change, and to what
+        changed = float(proposal is not None and proposal != self.values)
+        numbers = [1.0, changed, *([proposal[name] for name in names] if proposal is not None else [0.0] * len(names))]
         summed = allreduce(torch.tensor(numbers, dtype=torch.float64), name="torchring.autotune.values",
                            op=ReduceOp.SUM).tolist()
-        if round(summed[0]) != context.current().topology.size:
+        if round(summed[0]) != context.current().topology.size or not summed[1]:
             return None
-        return dict(zip(names, summed[1:], strict=True))
+        return dict(zip(names, summed[2:], strict=True))
 
     def _apply(self, values: dict[str, float]) -> None:
-        if values == self.values:  # the same on every rank: all skip, or none
-            return
+        """Every rank, after the same step (rank 0 said they change)."""
         apply_engine_values(values)
         self._optimizer.set_bucket_cap(max(1, round(values["bucket_cap_mb"] * MB)))
         self.values = values
@@ -345,6 +351,7 @@ def enable_autotune(optimizer: Any, config: AutotuneConfig | None = None) -> Aut
     tuner = Autotuner.for_optimizer(optimizer, optimizer._params, optimizer._process_set,
                                     config or AutotuneConfig.from_env())
     if tuner is None:
-        raise ValueError("autotune needs a DistributedOptimizer over every rank (not a process set)")
+        raise ValueError("autotune needs a DistributedOptimizer over every rank (not a process set), and tunes one "
+                         "per process: another one is tuned already (HOROVOD_AUTOTUNE=1 tunes the first one built)")
     optimizer._autotuner = tuner
     return tuner

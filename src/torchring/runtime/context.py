@@ -90,6 +90,8 @@ class Runtime:
     first_step_key: str | None = None
     #: Seconds this rank's ``init()`` spent in each step (``startup.StepClock``: store, rendezvous, groups, ...).
     init_seconds: dict[str, float] = field(default_factory=dict)
+    #: ``join()`` calls that returned (every rank joined): the same on every rank, which step counts may not be.
+    joins: int = 0
 
 
 _lock = threading.RLock()

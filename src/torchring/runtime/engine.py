@@ -28,7 +28,7 @@ from .coordination.cycles import CycleExchange
 from .coordination.deadlock import DeadlockWatch, Verdict
 from .coordination.engine_settings import EngineSettings
 from .coordination.fusion import BatchPlanner
-from .coordination.launch_failures import LaunchFailure, failure_of, launch_failure_verdict
+from .coordination.launch_failures import LaunchFailure, failure_of, launch_failure_verdict, refuse_after_failed_launch
 from .coordination.messages import Announcement, duplicate_message, response_backend_activity, shutdown_error
 from .coordination.negotiation import Negotiator, RequestKey, Response
 from .coordination.response_cache import ResponseCache
@@ -211,6 +211,10 @@ class Engine:
                 outcome = self._cycles.run(announcement, self.timeline)
                 announcements, responses = outcome.announcements, outcome.responses
                 METRICS.phase("negotiation", time.perf_counter() - negotiation_started)
+                failed_launch = launch_failure_verdict(announcements)
+                if failed_launch:  # launched work waits for ranks that never join it: stop before launching more
+                    self._abort(failed_launch, fail_first=True)
+                    return
                 verdict = self.deadlocks.after_cycle(announcements, responses)
                 if verdict is not None and not self._stall_abort:
                     self._stall_abort = verdict.text  # the next announcement stops every rank with it
@@ -223,15 +227,8 @@ class Engine:
                     raise self._failure
                 self._inspect_stalls()
                 abort = next((a.stall_abort for a in announcements if a.stall_abort), "")
-                if launch_failure_verdict(announcements):  # launched work waits for ranks that never join it
-                    abort = launch_failure_verdict(announcements)
-                    self._failure = HorovodInternalError(abort)  # refuses new submissions with it too
-                    self._fail_all(self._failure)
                 if abort:
-                    self._completer.flush(ABORT_FLUSH_S)
-                    self.deadlocks.aborted = abort  # a step waiting in a gradient lane raises it too
-                    self._failure = HorovodInternalError(abort)
-                    self._fail_all(self._failure)
+                    self._abort(abort, fail_first=False)
                     return
                 stopping_ranks = [r for r, a in enumerate(announcements) if a.shutting_down]
                 if stopping_ranks:
@@ -264,6 +261,16 @@ class Engine:
             self._waker.close()
             self.timeline.close()
             self._stopped.set()
+
+    def _abort(self, text: str, fail_first: bool) -> None:
+        """Stop with ``text`` as every rank does: after the launched collectives finish, or (``fail_first``) before."""
+        if fail_first:
+            self._failure = HorovodInternalError(text)
+            self._fail_all(self._failure)
+        self._completer.flush(ABORT_FLUSH_S)
+        self.deadlocks.aborted = text  # a step waiting in a gradient lane raises it too
+        self._failure = HorovodInternalError(text)
+        self._fail_all(self._failure)
 
     def _goes_idle(self) -> bool:
         """Whether every rank's engine blocks after this cycle (decided from state all ranks share).
@@ -369,6 +376,7 @@ class Engine:
         timeline.op_start(response.name, op_type.value)
         timeline.activity_start(response.name, response_backend_activity(response))
         try:
+            refuse_after_failed_launch(self._launch_failures)
             launched = self.executor.launch(response, request)
         except Exception as error:  # noqa: BLE001 - fail this request; the next cycle tells the others (launch_failures)
             self._launch_failures.append(failure_of(response, error))
@@ -395,8 +403,9 @@ class Engine:
         if op_type is OpType.JOIN:
             result = response.last_joined
         elif op_type in (OpType.ADD_PROCESS_SET, OpType.REMOVE_PROCESS_SET):
+            self._negotiator.recheck_all()  # requests of an added or removed set change readiness
             try:
-                result = self._change_process_sets(response)
+                result = self._process_sets.change(response.template)
             except ValueError as error:
                 if request is not None:
                     self._finish(request, error=error)
@@ -417,6 +426,7 @@ class Engine:
             for response in batch:
                 timeline.op_start(response.name, response.op_type.value)
         try:
+            refuse_after_failed_launch(self._launch_failures)
             launched = self.executor.launch_fused(batch, requests, timeline, response_backend_activity(batch[0]))
         except Exception as error:  # noqa: BLE001 - fail these requests; the next cycle tells the others
             self._launch_failures.extend(failure_of(response, error) for response in batch)
@@ -448,13 +458,6 @@ class Engine:
         self._fail_all(HorovodInternalError(self._failure_text(error)))
         with self._cond:
             self._cond.notify_all()
-
-    def _change_process_sets(self, response: Response) -> object:
-        self._negotiator.recheck_all()  # requests of an added or removed set change readiness
-        meta = response.template
-        if response.op_type is OpType.ADD_PROCESS_SET:
-            return self._process_sets.add(meta.splits)
-        return self._process_sets.remove(meta.root_rank)
 
     def _finish(self, request: Request, result: object = None, error: BaseException | None = None) -> None:
         """Complete ``request`` unless it was completed already (e.g. failed by ``_fail_all``)."""
@@ -491,8 +494,6 @@ class Engine:
             request.complete(error=error)
 
     def _inspect_stalls(self) -> None:
-        abort = self._stalls.inspect()
-        if abort:
-            self._stall_abort = abort
+        self._stall_abort = self._stalls.inspect() or self._stall_abort
         if self.recorder.wants_missing:  # about once a second, for the launcher's hang report
             self.recorder.set_missing(self._stalls.missing_ranks(self.recorder.pending_keys()))

@@ -13,10 +13,11 @@ from collections.abc import Sequence
 
 import torch
 
+from ..devices import is_cuda
 from ..requests import OpType
 from .negotiation import Response
 
-FusionKey = tuple[int, str, tuple[str, ...], int, float, float]
+FusionKey = tuple[int, str, tuple[str, ...] | str, int, float, float]
 
 
 @functools.cache
@@ -40,8 +41,8 @@ def _fusion_key(response: Response) -> FusionKey | None:
     if len(response.metas) != len(response.members):
         return None
     meta = response.template
-    # every member's device: a rank never packs tensors of two of its devices into one buffer
-    devices = tuple(meta.device for meta in response.metas.values())
+    # CUDA: every member's device, in rank order: a rank never packs tensors of two of its GPUs into one buffer
+    devices = tuple(response.metas[r].device for r in response.members) if is_cuda(meta.device) else meta.device
     return (response.process_set, meta.dtype, devices, meta.reduce_op, meta.prescale_factor, meta.postscale_factor)
 
 

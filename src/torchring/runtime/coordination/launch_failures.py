@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from .messages import Announcement
 from .negotiation import RequestKey, Response
 
-__all__ = ["LaunchFailure", "failure_of", "launch_failure_verdict"]
+__all__ = ["LaunchFailure", "failure_of", "launch_failure_verdict", "refuse_after_failed_launch"]
 
 #: (request key, the response's members, the error's text)
 LaunchFailure = tuple[RequestKey, tuple[int, ...], str]
@@ -27,6 +27,13 @@ LaunchFailure = tuple[RequestKey, tuple[int, ...], str]
 def failure_of(response: Response, error: BaseException) -> LaunchFailure:
     """What a rank announces after ``response``'s launch raised ``error``."""
     return (response.key, tuple(response.members), f"{type(error).__name__}: {error}")
+
+
+def refuse_after_failed_launch(failures: Sequence[LaunchFailure]) -> None:
+    """After a launch failed in this cycle (``failures`` of this rank), launch nothing more in it: a later
+    collective on the same group would pair up with the one the other ranks wait in. Raises."""
+    if failures:
+        raise RuntimeError("not started: an earlier collective of the same cycle could not start on this rank")
 
 
 def launch_failure_verdict(announcements: Sequence[Announcement]) -> str:

@@ -31,7 +31,7 @@ class Launched:
 
     @classmethod
     def done(cls, result: Any) -> Launched:
-        """A result that needs no waiting (single-rank sets, CUDA work already synchronised, barriers)."""
+        """A result that needs no waiting (single-rank sets, barriers)."""
         return cls(None, lambda: result)
 
     @classmethod

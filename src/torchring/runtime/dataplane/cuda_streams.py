@@ -3,14 +3,17 @@
 A collective on CUDA tensors that the engine runs (the first optimizer step, ``groups=``, Min/Max/Product,
 the direct API) must not share the stream the training thread's forward and backward run on: it would
 wait behind them, and they behind it. So each device gets one engine stream, which waits only for the
-submitting streams' ready events (recorded at submission). Everything the engine does with the request
-(the fusion copies, scaling, the collective, the copy-back) is queued on that stream; the host does not
-wait: an event recorded after it is what the completion thread waits for before it completes the
-handles, so a completed handle still means the data is there, and only that thread blocks.
+submitting streams' ready events (recorded at submission). The engine thread queues the fusion copy and
+starts the collective there and moves on; the completion thread then orders the engine stream after the
+collective (NCCL: a stream wait, the host does not block; Gloo's CUDA work blocks that thread, never the
+engine's), queues the finishing (scaling, the copy back), records an event and waits for it, and only then
+completes the handles: a completed handle means the data is there, and a collective that failed or timed
+out (NCCL's watchdog aborts its communicator, see ``cuda_groups``) raises there instead of handing back
+what an aborted kernel left.
 
 The caching allocator must know which streams use which memory: the request's tensors are marked as used
-on the engine stream (the caller may free them before the engine stream is done), and the tensors handed
-back (outputs the engine allocated on its stream) as used on the submitting stream.
+on the engine stream (the caller may free them before the engine stream is done), and tensors the engine
+allocated and hands back (allgather's output, say) as used on each submitting stream.
 """
 
 from __future__ import annotations
@@ -26,28 +29,45 @@ from .completion import Launched
 __all__ = ["EngineStreams"]
 
 
-class _EventWork:
-    """What the completion thread waits for: an event recorded on the engine stream after the work; then
-    the collective's own ``wait()`` once more, which raises what NCCL's watchdog recorded (a timeout, a
-    peer that went away) instead of handing back a result from an aborted communicator."""
-
-    def __init__(self, event: Any, work: Any, stream: Any) -> None:
-        self._event, self._work, self._stream = event, work, stream
-
-    def wait(self) -> bool:
-        self._event.synchronize()
-        if self._work is not None:
-            with torch.cuda.stream(self._stream):
-                self._work.wait()
-        return True
-
-
 def _tensors(result: Any) -> list[torch.Tensor]:
     if isinstance(result, torch.Tensor):
         return [result]
     if isinstance(result, (list, tuple)):
         return [tensor for item in result for tensor in _tensors(item)]
     return []
+
+
+class _OnStream:
+    """The completion thread's part of a CUDA collective (``wait()`` as a ``Work``), and its result."""
+
+    def __init__(self, device: torch.device, stream: Any, launched: Launched, requests: Sequence[Request]) -> None:
+        self._device, self._stream, self._launched = device, stream, launched
+        self._requests = requests
+        self.result: Any = None
+
+    def wait(self) -> bool:
+        work = self._launched.work
+        with torch.cuda.device(self._device), torch.cuda.stream(self._stream):
+            if work is not None:
+                work.wait()  # NCCL: the engine stream waits for the collective; Gloo: this thread does
+            self.result = self._launched.finish()
+            self._mark_handed_back(self.result)
+            done = torch.cuda.Event(blocking=True)  # waited for by sleeping, not by spinning a core
+            done.record(self._stream)
+        done.synchronize()
+        error = work.exception() if work is not None and hasattr(work, "exception") else None
+        if error is not None:  # NCCL's watchdog aborted it (a timeout, a peer gone): no result
+            raise error if isinstance(error, BaseException) else RuntimeError(str(error))
+        return True
+
+    def _mark_handed_back(self, result: Any) -> None:
+        """Tensors the engine allocated are used next on the submitting streams (once each, not per request)."""
+        own = {id(request.buffer) for request in self._requests}
+        streams = {id(request.stream): request.stream for request in self._requests if request.stream is not None}
+        for tensor in _tensors(result):
+            if tensor.is_cuda and id(tensor) not in own:
+                for stream in streams.values():
+                    tensor.record_stream(stream)
 
 
 class EngineStreams:
@@ -65,8 +85,8 @@ class EngineStreams:
         return stream
 
     def launch(self, device: torch.device, requests: Sequence[Request], run: Callable[[], Launched]) -> Launched:
-        """Queue ``run`` (which starts a collective and says how to finish it) and its finishing on the engine
-        stream of ``device`` after the requests' ready events; the result completes once that work is done."""
+        """Queue ``run`` (the fusion copy and the collective's start) on the engine stream of ``device`` after
+        the requests' ready events; the completion thread finishes it (``_OnStream``)."""
         stream = self.stream(device)
         with torch.cuda.device(device), torch.cuda.stream(stream):
             for request in requests:
@@ -75,16 +95,7 @@ class EngineStreams:
                 if request.buffer is not None and request.buffer.is_cuda:
                     request.buffer.record_stream(stream)
             launched = run()
-            if launched.error is not None:
-                return launched
-            if launched.work is not None:
-                launched.work.wait()  # NCCL: the engine stream waits for the collective, the host does not
-            result = launched.finish()
-            for request in requests:
-                if request.stream is not None:
-                    for tensor in _tensors(result):
-                        if tensor.is_cuda and tensor.device == device:
-                            tensor.record_stream(request.stream)
-            done = torch.cuda.Event()
-            done.record(stream)
-        return Launched(_EventWork(done, launched.work, stream), lambda: result)  # type: ignore[arg-type]
+        if launched.error is not None:
+            return launched
+        on_stream = _OnStream(device, stream, launched, requests)
+        return Launched(on_stream, lambda: on_stream.result)  # type: ignore[arg-type]

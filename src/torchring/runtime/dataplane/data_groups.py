@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
+from ..devices import is_cuda
+
 
 @dataclass
 class DataGroups:
@@ -18,7 +20,7 @@ class DataGroups:
 
     def for_device(self, device: str, size: int) -> dist.ProcessGroup | None:
         """The group for tensors on ``device``; None only in a set of one rank without such a group."""
-        group = self.cuda if device.startswith("cuda") else self.cpu
+        group = self.cuda if is_cuda(device) else self.cpu
         if group is None and size > 1:
             raise RuntimeError(
                 f"no process group for {device} tensors: NCCL is unavailable in this torch build; "

@@ -77,8 +77,8 @@ def _launch(group: dist.ProcessGroup | None, start: Callable[[dist.ProcessGroup]
 class Executor:
     """Launches responses on this rank; every member launches the same responses in the same order.
 
-    CPU collectives are started asynchronously and returned as ``Launched`` works that a ``Completer``
-    finishes; CUDA collectives are finished before ``launch`` returns.
+    Collectives are started asynchronously and returned as ``Launched`` works that a ``Completer``
+    finishes; CUDA ones are queued on the engine's own stream for their device (``cuda_streams``).
     """
 
     def __init__(self, process_sets: ProcessSetTable, rank: int) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ..requests import OpType, RequestMeta
 from .data_groups import DataGroups
 
 GroupFactory = Callable[[int, tuple[int, ...], int], DataGroups]
@@ -63,6 +64,12 @@ class ProcessSetTable:
         groups = self._make_groups(process_set, members, members.index(self.rank)) if self.rank in members else None
         self._sets[process_set] = ProcessSetEntry(members, groups)
         return process_set
+
+    def change(self, meta: RequestMeta) -> object:
+        """Apply a negotiated process-set change: the added set's id, or whether the set was removed."""
+        if meta.op_type is OpType.ADD_PROCESS_SET:
+            return self.add(meta.splits)
+        return self.remove(meta.root_rank)
 
     def remove(self, process_set: int) -> bool:
         """Forget a set; False for the global set or an unknown id."""

@@ -52,12 +52,17 @@ class CudaStallWatch:
             return len(self._watched)
 
     def _run(self) -> None:
+        """Until nothing is watched (then it ends, and the next ``watch`` starts another: no thread holds a
+        lane that is gone)."""
         while True:
             time.sleep(self._poll_s)
             now = time.monotonic()
             due = []
             with self._lock:
                 self._watched = [entry for entry in self._watched if not _completed(entry[0])]
+                if not self._watched:
+                    self._thread = None
+                    return
                 for entry in self._watched:
                     if now >= entry[3]:
                         due.append((entry[1], now - entry[2]))

@@ -53,7 +53,7 @@ class _ThreadChannel:
 
 
 def _meta(name: str, seq: int) -> RequestMeta:
-    return RequestMeta(name, OpType.ALLREDUCE, "float32", (4,), 1, seq=seq)
+    return RequestMeta(name, OpType.ALLREDUCE, "float32", (4,), reduce_op=1, seq=seq)
 
 
 class _Rank(VirtualRank):

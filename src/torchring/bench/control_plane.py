@@ -136,7 +136,7 @@ class VirtualRank:
 
 
 def _metas(names: Sequence[str], first_seq: int) -> list[RequestMeta]:
-    return [RequestMeta(name, OpType.ALLREDUCE, "float32", (1024,), 1, seq=first_seq + i)
+    return [RequestMeta(name, OpType.ALLREDUCE, "float32", (1024,), reduce_op=1, seq=first_seq + i)
             for i, name in enumerate(names)]
 
 

@@ -22,8 +22,11 @@ from torch.nn.parallel import DistributedDataParallel
 import torchring as hvd
 from torchring.bench.models import NUM_CLASSES, ResNet50, SmallResNet
 from torchring.metrics.counters import METRICS
-from torchring.runtime.coordination.fusion import SEPARATE_AT_BYTES
+from torchring.reduction import ReduceOp
+from torchring.runtime.coordination.fusion import SEPARATE_AT_BYTES, plan_batches
+from torchring.runtime.coordination.negotiation import Response
 from torchring.runtime.dataplane.executor import copy_all
+from torchring.runtime.requests import OpType, RequestMeta
 
 VALUE, TARGET = "value", "target"
 
@@ -264,21 +267,15 @@ def optimizer_overhead(device: torch.device, group: dist.ProcessGroup, model_nam
     return Result(name, TARGET, measured, target, "met" if ratio <= max_ratio else "missed")
 
 
-def fusion_batches(sizes_in_bytes: list[int], threshold: int, separate_at: int = SEPARATE_AT_BYTES) -> list[list[int]]:
-    """Indices of the tensors fused together, as ``fusion.plan_batches`` groups gradients of one kind: tensors
-    of ``separate_at`` bytes or more run alone (left out here), the others fill batches up to ``threshold``."""
-    batches: list[list[int]] = []
-    used = 0
-    for index, nbytes in enumerate(sizes_in_bytes):
-        if nbytes >= separate_at:
-            continue
-        if batches and used + nbytes <= threshold:
-            batches[-1].append(index)
-            used += nbytes
-        else:
-            batches.append([index])
-            used = nbytes
-    return batches
+def fusion_batches(shapes: list[tuple[int, ...]], threshold: int) -> list[list[int]]:
+    """Indices of the float32 gradients of ``shapes`` that the runtime fuses together: ``fusion.plan_batches``
+    itself, on the responses these gradients would be (those of ``SEPARATE_AT_BYTES`` or more run alone and
+    are left out here)."""
+    responses = [Response(f"grad.{index}", 0, (0,), {0: RequestMeta(f"grad.{index}", OpType.ALLREDUCE, "float32",
+                                                                     tuple(shape), reduce_op=int(ReduceOp.SUM))})
+                 for index, shape in enumerate(shapes)]
+    batches = [[int(response.name.split(".")[1]) for response in batch] for batch in plan_batches(responses, threshold)]
+    return [batch for batch in batches if len(batch) > 1 or math.prod(shapes[batch[0]]) * 4 < SEPARATE_AT_BYTES]
 
 
 def _timed(run: Callable[[], None], repeats: int, device: torch.device) -> float:
@@ -302,7 +299,7 @@ def fusion_copy_efficiency(device: torch.device, repeats: int, min_ratio: float,
         return skipped(name, TARGET, target, "measured on rank 0")
     with torch.device("meta"):  # shapes only
         shapes = [p.shape for p in ResNet50().parameters()]
-    batches = fusion_batches([math.prod(shape) * 4 for shape in shapes], threshold)
+    batches = fusion_batches([tuple(shape) for shape in shapes], threshold)
     plans = []
     for batch in batches:
         buffers = [torch.randn(shapes[i], device=device) for i in batch]  # fp32 gradients

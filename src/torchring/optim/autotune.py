@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from .. import settings
+from ..collectives import allreduce
 from ..logging_utils import get_logger
 from ..process_sets import global_process_set
 from ..reduction import ReduceOp
@@ -271,11 +272,6 @@ class Autotuner:
         step_bytes = sum(p.numel() * p.element_size() for p in params)
         return cls(optimizer, step_bytes, config or AutotuneConfig.from_env())
 
-    @property
-    def searching(self) -> bool:
-        """Whether rank 0 is still searching (False on the other ranks, which do not know)."""
-        return self._decider is not None and self._decider.searching
-
     def after_step(self) -> None:
         """Count the step; at the end of a sample, agree on the next values and apply them. Collective at the
         end of a sample (the same step on every rank)."""
@@ -316,8 +312,6 @@ class Autotuner:
 
     def _exchange(self, proposal: dict[str, float] | None) -> dict[str, float] | None:
         """Rank 0's values on every rank when they change, else None (also while some rank has joined)."""
-        from ..collectives import allreduce
-
         names = [knob.name for knob in KNOBS]
         # every rank adds 1 (a joined rank adds 0); rank 0 alone says whether the values change, and to what
         changed = float(proposal is not None and proposal != self.values)

@@ -34,8 +34,8 @@ venv: $(STAMP)
 demo: $(DEMO_STAMP)
 	$(BIN)/torchring run -np 2 $(BIN)/python examples/mnist.py
 
-# Unit+integration and multi-host tests run side by side (see tests/run_groups.py); PYTEST_ARGS reach
-# both, and PYTEST_ARGS that name test paths run just those.
+# Three groups of tests run side by side (see tests/run_groups.py); PYTEST_ARGS reach every group, and
+# PYTEST_ARGS that name test paths run just those.
 test: lint test-deps
 	$(BIN)/python tests/run_groups.py $(PYTEST_ARGS)
 

@@ -1,19 +1,21 @@
-"""``make test``: the test suite as two groups run at the same time, then both reports, then the
+"""``make test``: the test suite as three groups run at the same time, then their reports, then the
 container tests.
 
-The multi-host tests spend most of their time waiting (on SSH, elastic timeouts, lost hosts) while the
-unit and integration tests mostly compute, so on a 2-core machine running them side by side finishes
-the suite in about 60% of the time it takes one after the other; the integration tests that train
-examples run in the multi-host group, which evens out the two. Each group is one ordinary pytest
-run with its own log; while they run, a line every 30 s shows how far each has got; at the end both
-logs are printed whole (each with its slowest tests and skip reasons). Then the container tests
-(tests/containers: a real Docker Engine, image builds) run alone, their output shown as it comes, and
-one line gives the totals of all three.
+The multi-host tests spend most of their time waiting (on SSH, elastic timeouts, lost hosts, Slurm and
+Ray daemons) while the unit and integration tests mostly compute. Each pytest run tests one file after
+another, so on a 2-core machine the suite ends soonest when several runs share the cores: the multi-host
+tests are split in two halves, each with a cluster of namespace hosts of its own
+(``TORCHRING_TEST_CLUSTER``, see tests/multihost/cluster.py), and each half is given the integration
+files that fill it up to about the length of the third group, the unit and the other integration tests.
+Each group is one ordinary pytest run with its own log; while they run, a line every 30 s shows how far
+each has got; at the end every log is printed whole (each with its slowest tests and skip reasons). Then
+the container tests (tests/containers: a real Docker Engine, image builds) run alone, their output shown
+as it comes, and one line gives the totals of all.
 
-Why not pytest-xdist: the multi-host tests share one session-scoped cluster of namespace hosts that
-must never have two users, so they have to stay in one worker, and the slow integration files still
-need the hand-made balance below; xdist's ``--dist loadgroup`` would add a dependency without removing
-either.
+Why not pytest-xdist: a cluster of namespace hosts must never have two users (its tests kill whatever
+runs on a host and check that hosts are empty), so each half of the multi-host tests has to stay in one
+worker, and the slow integration files still need the hand-made balance below; xdist's ``--dist
+loadgroup`` would add a dependency without removing either.
 
 Arguments are passed to every pytest run (``make test PYTEST_ARGS="-k launcher"``). Arguments that
 name test paths run just those, in one pytest run, as ``pytest ARGS`` would.
@@ -22,6 +24,7 @@ name test paths run just those, in one pytest run, as ``pytest ARGS`` would.
 from __future__ import annotations
 
 import compileall
+import os
 import re
 import subprocess
 import sys
@@ -30,13 +33,22 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-#: Integration tests that train real models for a while: run beside the multi-host tests, which mostly
-#: wait, so that both groups take about as long.
-BALANCED = ["tests/integration/test_examples.py", "tests/integration/test_gpu_check_script.py",
-            "tests/integration/test_horovod_compat.py", "tests/integration/test_elastic_recovery.py",
-            "tests/integration/test_gradient_lane_faults.py"]
-GROUPS = {"unit+integration": ["tests/unit", "tests/integration", *(f"--ignore={path}" for path in BALANCED)],
-          "multihost+examples": ["tests/multihost", *BALANCED]}
+ELASTIC_HOSTS = ["tests/multihost/test_elastic.py", "tests/multihost/test_hangs_and_partitions.py"]
+#: Integration files beside each half of the multi-host tests, chosen by their time in a full run (the
+#: elastic half waited about 270 s, the other half about 285 s; unit and integration tests together 735 s).
+BESIDE_ELASTIC_HOSTS = ["tests/integration/test_examples.py", "tests/integration/test_gpu_check_script.py",
+                        "tests/integration/test_horovod_compat.py", "tests/integration/test_elastic_recovery.py",
+                        "tests/integration/test_gradient_lane_faults.py", "tests/integration/test_hang_detector.py"]
+BESIDE_SCHEDULERS = ["tests/integration/test_blame.py", "tests/integration/test_bench.py",
+                     "tests/integration/test_k8s_rank_discovery.py"]
+#: name -> (the cluster of namespace hosts it may build, its pytest arguments)
+GROUPS = {
+    "multihost-elastic": ("0", [*ELASTIC_HOSTS, *BESIDE_ELASTIC_HOSTS]),
+    "multihost-schedulers": ("1", ["tests/multihost", *(f"--ignore={path}" for path in ELASTIC_HOSTS),
+                                   *BESIDE_SCHEDULERS]),
+    "unit+integration": ("0", ["tests/unit", "tests/integration",
+                               *(f"--ignore={path}" for path in [*BESIDE_ELASTIC_HOSTS, *BESIDE_SCHEDULERS])]),
+}
 #: The container tests (a real Docker Engine): after the two groups, alone.
 CONTAINERS = ["tests/containers"]
 PROGRESS_EVERY_S = 30.0
@@ -71,17 +83,18 @@ def _exit_status(codes: list[int]) -> int:
 
 
 def _side_by_side(pytest: list[str], args: list[str]) -> tuple[list[int], dict[str, int]]:
-    """Run :data:`GROUPS` at the same time, print both logs; their exit statuses and summed totals."""
+    """Run :data:`GROUPS` at the same time, print their logs; their exit statuses and summed totals."""
     started = time.monotonic()
     totals: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="torchring-tests-") as logs:
         runs = {}
-        for name, paths in GROUPS.items():
+        for name, (cluster, paths) in GROUPS.items():
             log = Path(logs) / f"{name}.log"
             with log.open("w") as out:
                 runs[name] = (subprocess.Popen([*pytest, *paths, *args], cwd=ROOT, stdout=out,
-                                               stderr=subprocess.STDOUT), log)
-        print(f"tests: running {' and '.join(GROUPS)} side by side; reports follow when both are done", flush=True)
+                                               stderr=subprocess.STDOUT,
+                                               env={**os.environ, "TORCHRING_TEST_CLUSTER": cluster}), log)
+        print(f"tests: running {', '.join(GROUPS)} side by side; reports follow when all are done", flush=True)
         while any(process.poll() is None for process, _ in runs.values()):
             deadline = time.monotonic() + PROGRESS_EVERY_S
             running = [process for process, _ in runs.values() if process.poll() is None]
@@ -100,14 +113,14 @@ def _side_by_side(pytest: list[str], args: list[str]) -> tuple[list[int], dict[s
             print(f"\n{'#' * 30} {name} (pytest exit status {process.returncode}) {'#' * 30}\n{text}", flush=True)
             _add(totals, _totals(text))
     codes = [process.returncode for process, _ in runs.values()]
-    print(f"\ntests: both groups done in {time.monotonic() - started:.0f}s "
+    print(f"\ntests: all groups done in {time.monotonic() - started:.0f}s "
           f"(exit status {_exit_status(codes)}; errors count as failed)", flush=True)
     return codes, totals
 
 
 def _containers(pytest: list[str], args: list[str]) -> tuple[int, dict[str, int]]:
     """Run :data:`CONTAINERS` alone (they build an image and start containers: they would slow the
-    other groups), its output shown as it comes; its exit status and totals."""
+    groups), its output shown as it comes; its exit status and totals."""
     started = time.monotonic()
     print(f"\n{'#' * 30} containers (a real Docker Engine; the first run builds the image) {'#' * 30}", flush=True)
     process = subprocess.Popen([*pytest, *CONTAINERS, *args], cwd=ROOT, stdout=subprocess.PIPE,

@@ -66,13 +66,14 @@ def _import_seconds() -> float:
 
 
 def test_quick_is_fast_enough_for_a_healthcheck():
-    # Starting Python and importing torch is most of it; on a machine so busy that this alone takes more
-    # than 3 s, the doctor may take that much longer.
-    import_seconds = _import_seconds()
-    budget = 5.0 + max(0.0, import_seconds - 3.0)
+    # Starting Python and importing torch is most of it (the probe does it): 5 s, or on a machine so busy
+    # that loading torch takes more than 2 s, 2.5 times that (timed just before and just after).
+    before = _import_seconds()
     start = time.monotonic()
     result = doctor("--quick", "--json")
     elapsed = time.monotonic() - start
+    import_seconds = max(before, _import_seconds())
+    budget = max(5.0, 2.5 * import_seconds)
     assert result.returncode == 0, result.stderr
     assert elapsed < budget, f"--quick took {elapsed:.1f} s (budget {budget:.1f} s)"
     (probe,) = json.loads(result.stdout)["hosts"].values()

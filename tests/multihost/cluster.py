@@ -28,12 +28,21 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-BRIDGE = "trbr0"
-NETWORK = "10.78.0"
+#: Which cluster this process builds: 0 (the default) or another small number, so that two pytest runs
+#: (``make test`` runs two groups of multi-host tests at once) each have a cluster of their own. Cluster
+#: 0 is ``trbr0``/``10.78.0.0/24``/``trhI``; cluster ``K`` is ``trbrK``/``10.(78+K).0.0/24``/``trKhI``.
+#: The host names are ``h1``.. in every cluster (each has its own ssh config and /etc/hosts).
+CLUSTER_INDEX = int(os.environ.get("TORCHRING_TEST_CLUSTER", "0"))
+if not 0 <= CLUSTER_INDEX <= 9:
+    raise ValueError(f"TORCHRING_TEST_CLUSTER must be 0..9, not {CLUSTER_INDEX}")
+BRIDGE = f"trbr{CLUSTER_INDEX}"
+NETWORK = f"10.{78 + CLUSTER_INDEX}.0"
 GATEWAY = f"{NETWORK}.1"
 PREFIX_LENGTH = 24
-NAMESPACE_PREFIX = "trh"
-VETH_PREFIX = "tr-h"
+NAMESPACE_PREFIX = "trh" if CLUSTER_INDEX == 0 else f"tr{CLUSTER_INDEX}h"
+VETH_PREFIX = "tr-h" if CLUSTER_INDEX == 0 else f"tr{CLUSTER_INDEX}-h"
+#: Every test cluster's namespaces, this one's and the others' (see :data:`CLUSTER_INDEX`).
+_ANY_CLUSTER_NAMESPACE = r"tr\d?h\d+"
 SSHD = "/usr/sbin/sshd"
 SSH = "/usr/bin/ssh"
 RUN_SSHD = Path("/run/sshd")
@@ -457,8 +466,8 @@ class Cluster:
         if self._added_forward_rule:
             _remove_forwarding_rule()
             self._added_forward_rule = False
-        if self._created_run_sshd:
-            try:
+        if self._created_run_sshd and not any(re.fullmatch(_ANY_CLUSTER_NAMESPACE, name) for name in _namespaces()):
+            try:  # another test cluster's sshd still needs it
                 RUN_SSHD.rmdir()
             except OSError:
                 pass

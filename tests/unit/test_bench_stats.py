@@ -13,7 +13,7 @@ from torchring.bench import report
 from torchring.bench.cli import BenchUsageError, add_bench_arguments, collectives_options, train_options
 from torchring.bench.collectives import MAX_ITERS, MIN_ITERS, schedule
 from torchring.bench.models import MODELS, build_model, input_shape
-from torchring.bench.options import CollectivesOptions, TrainOptions, decode, encode
+from torchring.bench.options import MODEL_NAMES, CollectivesOptions, TrainOptions, decode, encode
 from torchring.bench.results import read_json, write_json_atomic
 from torchring.bench.sizes import DEFAULT_SIZES, format_size, parse_size, parse_sizes
 from torchring.bench.stats import Summary, algbw, bus_factor, busbw, ci95_half_width, t_quantile_975
@@ -185,6 +185,10 @@ def test_write_json_atomic_replaces_the_file_and_leaves_no_temporary(tmp_path):
     write_json_atomic(path, {"b": [1, 2]})
     assert read_json(path) == {"b": [1, 2]}
     assert [p.name for p in tmp_path.iterdir()] == ["out.json"]
+
+
+def test_the_command_lines_model_names_are_the_models():
+    assert tuple(MODELS) == MODEL_NAMES
 
 
 @pytest.mark.parametrize("name", list(MODELS))

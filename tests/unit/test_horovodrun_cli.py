@@ -1,6 +1,7 @@
 """``horovodrun`` is ``torchring run --horovod-compat`` under horovodrun's name, and the launcher's
 command-line errors are one line; checked in-process (no job starts)."""
 
+import subprocess
 import sys
 
 import pytest
@@ -85,3 +86,22 @@ def test_json_results_are_readable_by_others(tmp_path):
     finally:
         os.umask(previous)
     assert stat.S_IMODE((tmp_path / "r.json").stat().st_mode) == 0o644
+
+
+@pytest.mark.parametrize("argv", [["torchring", "--help"], ["torchring", "run", "-np", "2", "-H", "a:x", "true"],
+                                  ["torchring", "bench", "train", "--model", "nope"], ["horovodrun", "--help"]])
+def test_the_command_line_answers_without_loading_torch(argv):
+    """Help, flag and host errors come in a fraction of a second: torch (2 s of CPU) is loaded only by a
+    command that starts a job or measures something."""
+    module = "torchring.launch.cli.horovodrun" if argv[0] == "horovodrun" else "torchring.cli"
+    probe = ("import sys\n"
+             f"from {module} import main\n"
+             "try:\n"
+             f"    code = main({argv[1:]!r})\n"
+             "except SystemExit as done:\n"
+             "    code = done.code\n"
+             "print('exit', code, 'torch loaded', 'torch' in sys.modules, file=sys.stderr)\n")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("exit ") and last.endswith("torch loaded False"), result.stderr[-2000:]
+    assert last != "exit 0 torch loaded False" or "--help" in argv

@@ -1,5 +1,6 @@
 """The ranks' meeting in a real TCPStore (threads as ranks): every rank's topology and rank 0's shared
-values through rank 0, a rank that never comes named, a value another process wrote refused."""
+values, read by every rank itself (small jobs) or answered by rank 0 (large ones), a rank that never comes
+named, a value another process wrote refused."""
 
 import socket
 import threading
@@ -9,7 +10,9 @@ import pytest
 import torch.distributed as dist
 
 from torchring.environments import RankInfo
+from torchring.runtime import meeting
 from torchring.runtime.meeting import meet
+from torchring.runtime.peer_names import decode_host_table
 from torchring.store_auth import AuthenticatedStore, JobCredentials
 
 
@@ -19,8 +22,10 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-@pytest.fixture
-def server():
+@pytest.fixture(params=["every rank reads", "rank 0 answers"])
+def server(request, monkeypatch):
+    if request.param == "rank 0 answers":  # as in a job larger than DIRECT_MEETING_MAX_RANKS
+        monkeypatch.setattr(meeting, "DIRECT_MEETING_MAX_RANKS", 1)
     port = _free_port()
     store = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=10),
                           wait_for_workers=False)
@@ -49,7 +54,8 @@ def test_every_rank_learns_its_topology_and_rank_0s_shared_values(server):
     port, _ = server
     hosts = ["a", "a", "b", "b"]
     infos = [RankInfo(rank=r, size=4, hostname=hosts[r]) for r in range(4)]
-    results, errors = _meet_all(port, infos, JobCredentials.new())
+    credentials = JobCredentials.new()
+    results, errors = _meet_all(port, infos, credentials)
     assert errors == [None] * 4
     topologies = [result[0] for result in results]
     assert [(t.local_rank, t.local_size, t.cross_rank, t.cross_size) for t in topologies] == \
@@ -57,6 +63,8 @@ def test_every_rank_learns_its_topology_and_rank_0s_shared_values(server):
     assert all(t.homogeneous and t.size == 4 for t in topologies)
     assert results[0][1] == [(0, 7), (10, 7), (20, 7), (30, 7)]  # rank 0 sees everyone's (it warns on mismatch)
     assert all(result[1] == [(0, 7)] for result in results[1:])  # the others get rank 0's
+    client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10), wait_for_workers=False)
+    assert decode_host_table(AuthenticatedStore(client, credentials).get("gen1/hosts")) == {"a": [0, 1], "b": [2, 3]}
 
 
 def test_a_rank_that_never_comes_is_named_on_every_rank_that_waited(server):

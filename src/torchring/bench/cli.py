@@ -17,10 +17,19 @@ from typing import Any
 
 from ..launch.hosts import HostSlots, HostSpecError, assign_ranks, is_local_host, parse_hostfile, parse_hosts
 from ..launch.job import RunConfig, run_job
-from . import report, small_ops
-from .control_plane import add_control_plane_arguments, run_control_plane
-from .models import MODELS
-from .options import FRAMEWORKS, CollectivesOptions, Options, SmallOpsOptions, TrainOptions, encode
+from . import report
+from .options import (
+    DEFAULT_NEW_REQUESTS,
+    DEFAULT_REQUESTS,
+    DEFAULT_VIRTUAL_RANKS,
+    FRAMEWORKS,
+    MODEL_NAMES,
+    CollectivesOptions,
+    Options,
+    SmallOpsOptions,
+    TrainOptions,
+    encode,
+)
 from .results import read_json, write_json_atomic
 from .sizes import DEFAULT_SIZES, parse_sizes
 from .stats import OPS, Summary
@@ -48,7 +57,8 @@ def _add_hosts(parser: argparse.ArgumentParser) -> None:
 
 def _add_train_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = TrainOptions()
-    parser.add_argument("--model", choices=list(MODELS), default=defaults.model, help="model to train (default mlp)")
+    parser.add_argument("--model", choices=list(MODEL_NAMES), default=defaults.model,
+                        help="model to train (default mlp)")
     parser.add_argument("--batch-size", type=int, default=defaults.batch_size,
                         help=f"batch size per rank (default {defaults.batch_size})")
     parser.add_argument("--warmup-batches", type=int, default=defaults.warmup_batches,
@@ -61,6 +71,20 @@ def _add_train_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"torch threads per rank (also OMP_NUM_THREADS; default {defaults.threads})")
     parser.add_argument("--seed", type=int, default=defaults.seed,
                         help=f"seed of the weights and synthetic data (default {defaults.seed})")
+
+
+def _add_control_plane_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``torchring bench control-plane``."""
+    parser.add_argument("--virtual-ranks", dest="virtual_ranks", type=int, action="append", metavar="N",
+                        help="simulate N ranks (repeat for several; default "
+                             f"{' '.join(map(str, DEFAULT_VIRTUAL_RANKS))})")
+    parser.add_argument("--requests", type=int, default=DEFAULT_REQUESTS,
+                        help=f"cached requests per steady-state cycle (default {DEFAULT_REQUESTS})")
+    parser.add_argument("--new-requests", dest="new_requests", type=int, default=DEFAULT_NEW_REQUESTS,
+                        help=f"new requests per new-request cycle (default {DEFAULT_NEW_REQUESTS})")
+    parser.add_argument("--cycles", type=int, default=10, help="measured cycles of each kind (default 10)")
+    parser.add_argument("--json", dest="json_lines", action="store_true",
+                        help="print one JSON object per N instead of the table")
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
@@ -113,7 +137,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         description="Run the engine's coordination code (response cache, announcement, negotiation, fusion "
                     "plan) for N virtual ranks in this process and report what one cycle costs a rank, in "
                     "a training loop's steady state and with new requests. No ranks are started.")
-    add_control_plane_arguments(control_plane)
+    _add_control_plane_arguments(control_plane)
 
 
 def _hosts(args: argparse.Namespace, num_proc: int) -> list[HostSlots]:
@@ -247,6 +271,8 @@ def run_bench(args: argparse.Namespace, argv: Sequence[str] | None = None) -> in
     before any rank starts, a failed job raises ``BenchJobError``."""
     if args.bench_mode == "control-plane":
         try:
+            from .control_plane import run_control_plane  # loads torch, which parsing the flags does not need
+
             return run_control_plane(args)
         except ValueError as error:
             raise BenchUsageError(str(error)) from None
@@ -272,6 +298,8 @@ def run_bench(args: argparse.Namespace, argv: Sequence[str] | None = None) -> in
         _at_least(args.rounds, 1, "--rounds")
         hosts = _hosts(args, args.max_np)
         small = SmallOpsOptions(latency_rounds=5 * args.rounds, burst_rounds=args.rounds)
+        from . import small_ops  # it loads torch, which the other commands' parsing does not need
+
         result = small_ops.run_jobs(small_ops.job_sizes(args.max_np),
                                     lambda options, size: launch("small-ops", options, size, hosts, args.verbose, env),
                                     small)

@@ -36,15 +36,9 @@ from ..runtime.coordination.response_cache import ResponseCache
 from ..runtime.observe.timeline import NullTimeline
 from ..runtime.requests import OpType, RequestMeta
 from ..settings import Settings
+from .options import DEFAULT_NEW_REQUESTS, DEFAULT_REQUESTS, DEFAULT_VIRTUAL_RANKS
 
-__all__ = ["CycleCosts", "VirtualControlChannel", "VirtualRank", "add_control_plane_arguments", "run_control_plane",
-           "simulate"]
-
-DEFAULT_VIRTUAL_RANKS = (8, 64, 512, 4096)
-#: Requests per steady-state cycle: a mid-sized model's gradient buckets and metric allreduces.
-DEFAULT_REQUESTS = 32
-#: New requests per new-request cycle.
-DEFAULT_NEW_REQUESTS = 4
+__all__ = ["CycleCosts", "VirtualControlChannel", "VirtualRank", "run_control_plane", "simulate"]
 
 
 class VirtualControlChannel:
@@ -188,20 +182,6 @@ def simulate(virtual_ranks: int, requests: int = DEFAULT_REQUESTS, new_requests:
         coordinator_new_request_bytes=int(statistics.median(s[2] for s in new_samples)),
         coordinator_new_request_cpu_s=statistics.median(s[3] for s in new_samples),
     )
-
-
-def add_control_plane_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of ``torchring bench control-plane``."""
-    parser.add_argument("--virtual-ranks", dest="virtual_ranks", type=int, action="append", metavar="N",
-                        help="simulate N ranks (repeat for several; default "
-                             f"{' '.join(map(str, DEFAULT_VIRTUAL_RANKS))})")
-    parser.add_argument("--requests", type=int, default=DEFAULT_REQUESTS,
-                        help=f"cached requests per steady-state cycle (default {DEFAULT_REQUESTS})")
-    parser.add_argument("--new-requests", dest="new_requests", type=int, default=DEFAULT_NEW_REQUESTS,
-                        help=f"new requests per new-request cycle (default {DEFAULT_NEW_REQUESTS})")
-    parser.add_argument("--cycles", type=int, default=10, help="measured cycles of each kind (default 10)")
-    parser.add_argument("--json", dest="json_lines", action="store_true",
-                        help="print one JSON object per N instead of the table")
 
 
 def _table(results: list[CycleCosts]) -> str:

@@ -8,6 +8,15 @@ from typing import Any
 
 #: The frameworks ``torchring bench train`` can compare.
 FRAMEWORKS = ("torchring", "ddp", "horovod")
+#: The models ``torchring bench train`` can train (``models.MODELS``; named here, where loading torch is
+#: not needed, for the command line).
+MODEL_NAMES = ("mlp", "convnet", "resnet", "deep")
+#: ``torchring bench control-plane``: the simulated job sizes by default,
+DEFAULT_VIRTUAL_RANKS = (8, 64, 512, 4096)
+#: the requests per steady-state cycle (a mid-sized model's gradient buckets and metric allreduces)
+DEFAULT_REQUESTS = 32
+#: and the new requests per new-request cycle.
+DEFAULT_NEW_REQUESTS = 4
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,9 @@ It listens only where the job needs it: on loopback when every rank runs on this
 when the hosts reach this one through it, on every interface otherwise (see ``docs/security.md``).
 Everything torchring reads from it that another process wrote goes through :attr:`RendezvousServer.auth`,
 which verifies the job's signature (``store_auth``); the credentials are made fresh for each server.
+
+torch is imported when a server starts, not with this module: the launcher's command line, its checks of
+the arguments and hosts and its errors come without the two seconds of CPU that loading torch costs.
 """
 
 from __future__ import annotations
@@ -12,9 +15,6 @@ import json
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
-
-import torch
-import torch.distributed as dist
 
 from ..contract import DEADLOCK_KEY, own_failure_key, peer_failure_key
 from ..rank_failure import OwnFailure, parse_own_failure
@@ -57,6 +57,8 @@ def parse_deadlock(value: bytes) -> DeadlockRecord | None:
 def listen_fd_backend() -> bool:
     """Whether TCPStore's default (libuv) backend serves an already-bound socket (``master_listen_fd``):
     torch >= 2.8. Older versions get the classic backend, which always could."""
+    import torch
+
     major, minor = (int(part) for part in torch.__version__.split(".")[:2])
     return (major, minor) >= (2, 8)
 
@@ -79,6 +81,8 @@ class RendezvousServer:
     chosen by the system) for the job's lifetime, with the job's fresh credentials."""
 
     def __init__(self, bind: str = LOOPBACK, port: int = 0, timeout_s: float = 300.0) -> None:
+        import torch.distributed as dist
+
         where = f"{bind or '*'}:{port}"
         timeout = timedelta(seconds=timeout_s)
         try:

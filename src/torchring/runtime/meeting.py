@@ -1,13 +1,17 @@
 """The ranks meet in the rendezvous store before any process group is used: every rank posts its arrival
 with what the topology needs (its host name and what its environment said about local and cross ranks)
-and its engine values that every rank must share; rank 0 waits for every arrival, derives every rank's
-topology (``O(N)``) and posts each rank its own answer with rank 0's shared values.
+and its engine values that every rank must share. Then, in a job of up to
+:data:`DIRECT_MEETING_MAX_RANKS` ranks, every rank waits for all arrivals and derives every rank's
+topology itself: one wake-up of every rank, as a bare ``init_process_group`` has, for ``N`` small reads
+per rank (``N²`` in all, what a Gloo full mesh reads too). In a larger job rank 0 alone waits for every
+arrival, derives every rank's topology (``O(N)``) and posts each rank its own answer with rank 0's shared
+values: each rank reads one small answer whatever the job's size, for one wake-up more (rank 0 reads
+``N`` arrivals and writes ``N`` answers, as the coordinator of the control plane does).
 
-One wake-up of all ranks, no process-group connection, and each rank reads one small answer whatever the
-job's size (rank 0 reads ``N`` arrivals and writes ``N`` answers, as the coordinator of the control plane
-does). Values are JSON and signed with the job's secret (``store_auth``); an arrival or answer another
-process wrote is refused with its key named. A rank that never comes is named in the error, after the
-start timeout (``TORCHRING_START_TIMEOUT``), not the collective timeout.
+No process-group connection either way. Values are JSON and signed with the job's secret
+(``store_auth``); an arrival or answer another process wrote is refused with its key named. A rank that
+never comes is named in the error, after the start timeout (``TORCHRING_START_TIMEOUT``), not the
+collective timeout.
 """
 
 from __future__ import annotations
@@ -24,7 +28,11 @@ from ..store_auth import AuthenticatedStore
 from .coordination.topology import Topology, derive_topologies
 from .peer_names import encode_host_table, host_table_key
 
-__all__ = ["meet"]
+__all__ = ["DIRECT_MEETING_MAX_RANKS", "meet"]
+
+#: Up to this many ranks every rank reads every arrival itself (see the module's docstring): at 64 ranks
+#: 4,096 reads of about 100 bytes from the store, once per job.
+DIRECT_MEETING_MAX_RANKS = 64
 
 
 def _arrival_key(prefix: str, rank: int) -> str:
@@ -48,8 +56,15 @@ def meet(store: AuthenticatedStore, prefix: str, info: RankInfo, shared: Sequenc
         meanwhile()
     if info.size == 1:
         return derive_topologies([tuple(mine)])[0], [tuple(shared)]
+    if info.size <= DIRECT_MEETING_MAX_RANKS:
+        topologies, shared_values = _read_everyone(store, prefix, info.rank, info.size, timeout)
+        return topologies[info.rank], shared_values if info.rank == 0 else shared_values[:1]
     if info.rank == 0:
-        return _answer_everyone(store, prefix, info.size, timeout)
+        topologies, shared_values = _read_everyone(store, prefix, info.rank, info.size, timeout)
+        keys = [_answer_key(prefix, r) for r in range(1, info.size)]
+        store.set_many(keys, [json.dumps([t.local_rank, t.local_size, t.cross_rank, t.cross_size, t.homogeneous,
+                                          shared_values[0]]) for t in topologies[1:]])
+        return topologies[0], shared_values
     answer = _wait_and_read(store, [_answer_key(prefix, info.rank)], prefix, info.size, timeout)[0]
     local_rank, local_size, cross_rank, cross_size, homogeneous, rank0_shared = answer
     topology = Topology(info.rank, info.size, local_rank, local_size, cross_rank, cross_size, hostname,
@@ -57,21 +72,20 @@ def meet(store: AuthenticatedStore, prefix: str, info: RankInfo, shared: Sequenc
     return topology, [tuple(rank0_shared)]
 
 
-def _answer_everyone(store: AuthenticatedStore, prefix: str, size: int,
-                     timeout: timedelta) -> tuple[Topology, list[tuple[int, ...]]]:
+def _read_everyone(store: AuthenticatedStore, prefix: str, rank: int, size: int,
+                   timeout: timedelta) -> tuple[list[Topology], list[tuple[int, ...]]]:
+    """Every rank's topology and shared values, in rank order, once every rank has arrived; rank 0 also
+    writes the job's host table."""
     arrivals = _wait_and_read(store, [_arrival_key(prefix, r) for r in range(size)], prefix, size, timeout)
     everyone = [tuple(arrival[0]) for arrival in arrivals]
-    shared = [tuple(arrival[1]) for arrival in arrivals]
     try:
         topologies = derive_topologies(everyone)
     except ValueError as error:
         raise RuntimeError(f"torchring cannot derive the job's topology: {error}. Check the LOCAL_RANK and "
                            "LOCAL_WORLD_SIZE (or the scheduler's) variables of every rank.") from None
-    keys = [_answer_key(prefix, r) for r in range(1, size)] + [host_table_key(prefix)]
-    answers = [json.dumps([t.local_rank, t.local_size, t.cross_rank, t.cross_size, t.homogeneous, shared[0]])
-               for t in topologies[1:]] + [encode_host_table([str(arrival[0]) for arrival in everyone])]
-    store.set_many(keys, answers)
-    return topologies[0], shared
+    if rank == 0:
+        store.set(host_table_key(prefix), encode_host_table([str(host) for host, *_ in everyone]))
+    return topologies, [tuple(arrival[1]) for arrival in arrivals]
 
 
 def _wait_and_read(store: AuthenticatedStore, keys: list[str], prefix: str, size: int,

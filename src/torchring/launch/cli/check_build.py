@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
-from ... import capabilities
 from ...version import __version__
 
 
@@ -14,6 +11,10 @@ def _box(available: bool) -> str:
 
 def check_build_report() -> str:
     """The frameworks, controllers and tensor operations available here."""
+    import torch  # here, not with the module: the launcher loads torch only once it needs it
+
+    from ... import capabilities
+
     nccl = bool(capabilities.nccl_built()) and torch.cuda.is_available()
     lines = [
         f"torchring v{__version__} (torch {torch.__version__}):",

@@ -7,8 +7,6 @@ from __future__ import annotations
 import platform
 from collections.abc import Callable, Sequence
 
-import torch
-
 from ...network import address_of
 from ...version import __version__
 from .ssh import HostReport, SshOptions, preflight_problems, probe_hosts
@@ -20,6 +18,8 @@ class PreflightError(RuntimeError):
 
 def local_versions() -> tuple[str, str, str]:
     """This host's Python, torch and torchring versions, which every remote host must match."""
+    import torch  # here, not with the module: the launcher loads torch only once it needs it
+
     return platform.python_version(), torch.__version__, __version__
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from .cluster import Cluster
@@ -21,6 +20,9 @@ HEAD_PORT = 6379
 #: The head notices a dead node after 3 failed health checks 1 s apart (Ray's default: 5, 3 s apart), so that
 #: the lost-node test does not wait for Ray longer than for torchring.
 FAST_NODE_DEATH = ("RAY_health_check_period_ms=1000", "RAY_health_check_failure_threshold=3")
+#: No worker processes started ahead for each new driver (Ray's default): the tests' drivers that only ask the
+#: head something would start two Python workers per node for nothing; workers still start when an actor needs one.
+NO_PRESTART = ("RAY_prestart_worker_first_driver=0",)
 
 
 def ray_unavailable_reason() -> str | None:
@@ -41,13 +43,15 @@ class RayCluster:
         self.cluster, self.state_dir, self.nodes, self.cpus = cluster, state_dir, nodes, cpus_per_node
         self.head = nodes[0]
         self.address = f"{cluster.host(self.head).address}:{HEAD_PORT}"
+        self._lost: set[str] = set()
 
     def _environment(self) -> list[str]:
         """``env`` arguments for every Ray process: usage reporting off, and a home of the cluster's own, so
         that nothing of the user's ``~/.ray`` (an auth token from another cluster) reaches it."""
         home = self.state_dir / "home"
         home.mkdir(parents=True, exist_ok=True)
-        return ["env", "RAY_USAGE_STATS_ENABLED=0", f"HOME={home}", f"PATH={os.environ['PATH']}", *FAST_NODE_DEATH]
+        return ["env", "RAY_USAGE_STATS_ENABLED=0", f"HOME={home}", f"PATH={os.environ['PATH']}", *FAST_NODE_DEATH,
+                *NO_PRESTART]
 
     def _ray(self, node: str, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         (self.state_dir / node).mkdir(parents=True, exist_ok=True)
@@ -74,41 +78,50 @@ class RayCluster:
 
 
     def kill_node(self, node: str) -> None:
-        """A node lost: SIGKILL every process on ``node`` (its raylet and every actor there)."""
+        """A node lost: SIGKILL every process on ``node`` (its raylet and every actor there). The next driver
+        started brings it back first (:meth:`_bring_back_lost_nodes`), so a test that ends the module does not
+        pay for a restart nobody uses."""
         self.cluster.kill_all_in(node)
+        self._lost.add(node)
 
-    def restart_node(self, node: str) -> None:
-        """Bring a killed worker node back and wait until the head lists every node alive again."""
-        self.cluster.kill_all_in(node)
-        self.start_node(node)
+    def _bring_back_lost_nodes(self) -> None:
+        """Restart every killed worker node and wait until the head lists every node alive again."""
+        if not self._lost:
+            return
+        for node in sorted(self._lost):
+            self.cluster.kill_all_in(node)
+            self.start_node(node)
+        self._lost.clear()
         self.wait_for_nodes(len(self.nodes))
 
     def wait_for_nodes(self, count: int, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            alive = self.alive_nodes()
-            if alive == count:
-                return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{alive} of {count} Ray nodes alive after {timeout:g} s")
-            time.sleep(0.5)
+        """Until the head lists ``count`` nodes alive: one driver process that asks every 0.5 s (each new driver
+        costs seconds of CPU to load Ray and connect)."""
+        code = ("import sys, time, ray\n"
+                "ray.init(address='auto', logging_level='ERROR')\n"
+                f"deadline = time.monotonic() + {timeout}\n"
+                "while True:\n"
+                "    alive = sum(1 for n in ray.nodes() if n['Alive'])\n"
+                f"    if alive == {count} or time.monotonic() > deadline:\n"
+                "        print(alive)\n"
+                "        break\n"
+                "    time.sleep(0.5)\n")
+        result = self.driver(["-c", code], timeout=timeout + 60, bring_back=False)
+        lines = result.stdout.strip().splitlines()
+        alive = int(lines[-1]) if lines and lines[-1].isdigit() else None
+        if alive != count:
+            raise RuntimeError(f"{alive} of {count} Ray nodes alive after {timeout:g} s: {result.stderr[-2000:]}")
 
-    def alive_nodes(self) -> int:
-        code = ("import ray; ray.init(address='auto', logging_level='ERROR'); "
-                "print(sum(1 for n in ray.nodes() if n['Alive']))")
-        result = self.driver(["-c", code], timeout=60)
-        try:
-            return int(result.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            return 0
-
-    def driver(self, argv: list[str], timeout: float = 180, env: dict[str, str] | None = None
-               ) -> subprocess.CompletedProcess[str]:
+    def driver(self, argv: list[str], timeout: float = 180, env: dict[str, str] | None = None,
+               bring_back: bool = True) -> subprocess.CompletedProcess[str]:
         """Run ``python argv`` on the head node as a driver of this cluster (``RAY_ADDRESS`` set)."""
+        if bring_back:
+            self._bring_back_lost_nodes()
         return self.cluster.run_on(self.head, *self._driver_argv(argv, env), timeout=timeout)
 
     def start_driver(self, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
         """:meth:`driver`, running in the background (text output piped)."""
+        self._bring_back_lost_nodes()
         return subprocess.Popen(self.cluster.ssh_command(self.head, *self._driver_argv(argv, env)),
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

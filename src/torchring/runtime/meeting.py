@@ -57,13 +57,16 @@ def meet(store: AuthenticatedStore, prefix: str, info: RankInfo, shared: Sequenc
     if info.size == 1:
         return derive_topologies([tuple(mine)])[0], [tuple(shared)]
     if info.size <= DIRECT_MEETING_MAX_RANKS:
-        topologies, shared_values = _read_everyone(store, prefix, info.rank, info.size, timeout)
+        topologies, shared_values = _read_everyone(store, prefix, info.size, timeout)
+        if info.rank == 0:
+            store.set(host_table_key(prefix), _host_table(topologies))
         return topologies[info.rank], shared_values if info.rank == 0 else shared_values[:1]
     if info.rank == 0:
-        topologies, shared_values = _read_everyone(store, prefix, info.rank, info.size, timeout)
-        keys = [_answer_key(prefix, r) for r in range(1, info.size)]
-        store.set_many(keys, [json.dumps([t.local_rank, t.local_size, t.cross_rank, t.cross_size, t.homogeneous,
-                                          shared_values[0]]) for t in topologies[1:]])
+        topologies, shared_values = _read_everyone(store, prefix, info.size, timeout)
+        keys = [_answer_key(prefix, r) for r in range(1, info.size)] + [host_table_key(prefix)]
+        answers = [json.dumps([t.local_rank, t.local_size, t.cross_rank, t.cross_size, t.homogeneous,
+                               shared_values[0]]) for t in topologies[1:]]
+        store.set_many(keys, [*answers, _host_table(topologies)])
         return topologies[0], shared_values
     answer = _wait_and_read(store, [_answer_key(prefix, info.rank)], prefix, info.size, timeout)[0]
     local_rank, local_size, cross_rank, cross_size, homogeneous, rank0_shared = answer
@@ -72,20 +75,21 @@ def meet(store: AuthenticatedStore, prefix: str, info: RankInfo, shared: Sequenc
     return topology, [tuple(rank0_shared)]
 
 
-def _read_everyone(store: AuthenticatedStore, prefix: str, rank: int, size: int,
+def _read_everyone(store: AuthenticatedStore, prefix: str, size: int,
                    timeout: timedelta) -> tuple[list[Topology], list[tuple[int, ...]]]:
-    """Every rank's topology and shared values, in rank order, once every rank has arrived; rank 0 also
-    writes the job's host table."""
+    """Every rank's topology and shared values, in rank order, once every rank has arrived."""
     arrivals = _wait_and_read(store, [_arrival_key(prefix, r) for r in range(size)], prefix, size, timeout)
-    everyone = [tuple(arrival[0]) for arrival in arrivals]
     try:
-        topologies = derive_topologies(everyone)
+        topologies = derive_topologies([tuple(arrival[0]) for arrival in arrivals])
     except ValueError as error:
         raise RuntimeError(f"torchring cannot derive the job's topology: {error}. Check the LOCAL_RANK and "
                            "LOCAL_WORLD_SIZE (or the scheduler's) variables of every rank.") from None
-    if rank == 0:
-        store.set(host_table_key(prefix), encode_host_table([str(host) for host, *_ in everyone]))
     return topologies, [tuple(arrival[1]) for arrival in arrivals]
+
+
+def _host_table(topologies: list[Topology]) -> str:
+    """The job's host table (``peer_names``), which rank 0 writes for naming peers in errors."""
+    return encode_host_table([str(topology.hostname) for topology in topologies])
 
 
 def _wait_and_read(store: AuthenticatedStore, keys: list[str], prefix: str, size: int,

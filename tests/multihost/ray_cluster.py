@@ -97,7 +97,7 @@ class RayCluster:
     def wait_for_nodes(self, count: int, timeout: float = 60) -> None:
         """Until the head lists ``count`` nodes alive: one driver process that asks every 0.5 s (each new driver
         costs seconds of CPU to load Ray and connect)."""
-        code = ("import sys, time, ray\n"
+        code = ("import time, ray\n"
                 "ray.init(address='auto', logging_level='ERROR')\n"
                 f"deadline = time.monotonic() + {timeout}\n"
                 "while True:\n"

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ELASTIC_HOSTS = ["tests/multihost/test_elastic.py", "tests/multihost/test_hangs_and_partitions.py"]
 #: Integration files beside each half of the multi-host tests, chosen by their time in full runs (the elastic
 #: half took about 270-300 s, the other half about 285-320 s, unit and integration tests together 735 s when
-#: run beside them; with this split the three groups ended at 617-655 s on 2 cores kept 95% busy).
+#: run beside them; with this split the last group ended at 650-735 s on 2 cores kept 95% busy).
 BESIDE_ELASTIC_HOSTS = ["tests/integration/test_examples.py", "tests/integration/test_gpu_check_script.py",
                         "tests/integration/test_horovod_compat.py", "tests/integration/test_elastic_recovery.py",
                         "tests/integration/test_gradient_lane_faults.py", "tests/integration/test_hang_detector.py",
@@ -51,7 +51,7 @@ GROUPS = {
     "unit+integration": ("0", ["tests/unit", "tests/integration",
                                *(f"--ignore={path}" for path in [*BESIDE_ELASTIC_HOSTS, *BESIDE_SCHEDULERS])]),
 }
-#: The container tests (a real Docker Engine): after the two groups, alone.
+#: The container tests (a real Docker Engine): after the groups, alone.
 CONTAINERS = ["tests/containers"]
 PROGRESS_EVERY_S = 30.0
 #: pytest's exit status when it collected no test (e.g. ``-k`` matched nothing in one group).

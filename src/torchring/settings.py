@@ -201,6 +201,10 @@ VARIABLES: tuple[Variable, ...] = (
     _own("CONTROL_PROBE", _flag, True,
          "settle steady-state cycles with one small AND collective instead of the all-gather; 0: always "
          "all-gather (rank 0's value applies; see docs/scale.md)"),
+    _own("CONTROL_EXPRESS", _flag, True,
+         "a loop repeating one small cached CPU allreduce runs its steady-state cycles as one collective (the "
+         "probe's flags ride with the data); 0: the probe, then the allreduce (rank 0's value applies; see "
+         "docs/scale.md)"),
     _own("LAZY_CONNECT", _flag, True,
          "torchring's Gloo groups connect a pair of ranks when it first communicates instead of every pair "
          "at init (torch's TORCH_GLOO_LAZY_INIT, where this torch has it); 0: full mesh at init (see "
@@ -271,6 +275,7 @@ class Settings:
     elastic_spare: bool = False
     flight_record: str | None = None
     control_probe: bool = True
+    control_express: bool = True
     lazy_connect: bool = True
     control_gather_ranks: int = 16
     hang_timeout: float = 300.0

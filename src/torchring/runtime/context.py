@@ -182,14 +182,14 @@ def _shared_engine_values(settings: Settings) -> tuple[int, ...]:
     idle_after_s = settings.idle_after_ms / 1000.0
     idle_cycles = max(1, min(1000, math.ceil(idle_after_s / max(cycle_time_s, 1e-6))))
     return (settings.fusion_threshold, settings.cache_capacity, idle_cycles, int(settings.control_probe),
-            settings.control_gather_ranks)
+            settings.control_gather_ranks, int(settings.control_express))
 
 
 def _engine_settings(everyone: list[tuple], rank: int, settings: Settings) -> EngineSettings:
     """The engine's knobs; those every rank must share (fusion threshold, cache capacity, cycles before
-    idling, the steady-state probe, the gathered exchange) are rank 0's, from ``everyone``'s
+    idling, the steady-state probe, the gathered exchange, express cycles) are rank 0's, from ``everyone``'s
     ``_shared_engine_values``."""
-    fusion_threshold, cache_capacity, idle_cycles, control_probe, control_gather_ranks = everyone[0]
+    fusion_threshold, cache_capacity, idle_cycles, control_probe, control_gather_ranks, express = everyone[0]
     if rank == 0 and any(values[:2] != everyone[0][:2] for values in everyone):
         logger.warning("ranks set different HOROVOD_FUSION_THRESHOLD/HOROVOD_CACHE_CAPACITY values %s; "
                        "every rank uses rank 0's (%d, %d)", [v[:2] for v in everyone], fusion_threshold,
@@ -205,6 +205,7 @@ def _engine_settings(everyone: list[tuple], rank: int, settings: Settings) -> En
         deadlock_confirm_s=settings.deadlock_timeout,
         control_probe=bool(control_probe),
         control_gather_ranks=control_gather_ranks,
+        control_express=bool(express),
     )
 
 

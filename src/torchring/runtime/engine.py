@@ -37,6 +37,7 @@ from .coordination.tuning import tuning_from
 from .coordination.wakeup import Waker
 from .dataplane.completion import Completer, Launched
 from .dataplane.executor import Executor
+from .dataplane.express import ExpressReducer
 from .dataplane.process_set_table import ProcessSetTable
 from .observe.flight_recorder import NULL_RECORDER, Recorder
 from .observe.thread_cpu import thread_cpu_seconds
@@ -79,9 +80,14 @@ class Engine:
         self._negotiator = Negotiator(size, process_sets.members)
         self._planner = BatchPlanner(settings.fusion_threshold)
         self.response_cache = ResponseCache(settings.cache_capacity, rank)
+        self._queue: list[Request] = []
+        self._inflight: dict[RequestKey, Request] = {}
+        #: Reduces the data of express cycles (``coordination.express``) and holds the result for ``_perform``.
+        self._express = ExpressReducer(process_sets, self._inflight.get)
         #: The cycle's exchange: a probe that settles the steady state, else the all-gather (``cycles``).
         self._cycles = CycleExchange(control, self._negotiator, self.response_cache, settings.control_probe,
-                                     settings.control_gather_ranks)
+                                     settings.control_gather_ranks,
+                                     self._express.reduce if settings.control_express else None)
         self._cycle_started = 0.0
         #: True after a cycle that carried this rank's requests: the next one waits a full cycle time.
         self._pacing = False
@@ -93,11 +99,8 @@ class Engine:
         self._empty_cycles = 0
         self._everyone_blocked = False
         self._cond = threading.Condition()
-        #: The condition's own lock: ``with self._lock`` where no wait or notify follows costs less than
-        #: ``with self._cond`` (a Python-level ``__enter__``), on paths that run per request.
+        #: The condition's own lock: cheaper than ``with self._cond`` where no wait or notify follows.
         self._lock = self._cond._lock  # type: ignore[attr-defined]
-        self._queue: list[Request] = []
-        self._inflight: dict[RequestKey, Request] = {}
         self._shutdown_requested = False
         self._woken_epoch = -1
         self._failure: BaseException | None = None
@@ -273,11 +276,9 @@ class Engine:
         self._fail_all(self._failure)
 
     def _goes_idle(self) -> bool:
-        """Whether every rank's engine blocks after this cycle (decided from state all ranks share).
-
-        By default, as soon as nothing is left pending: a rank that submitted during this cycle finds its
-        request queued and wakes the others itself. With ``TORCHRING_IDLE_AFTER_MS`` set, only after that
-        many cycles' worth of empty cycles."""
+        """Whether every rank's engine blocks after this cycle (decided from state all ranks share): as soon
+        as nothing is left pending (a rank that submitted meanwhile wakes the others itself), or with
+        ``TORCHRING_IDLE_AFTER_MS`` set, after that many cycles' worth of empty cycles."""
         if self._cycles.bits_kept:  # a rank waits for the others to announce its cached requests
             return False
         if self._settings.idle_cycles <= 1:
@@ -285,9 +286,8 @@ class Engine:
         return self._empty_cycles >= self._settings.idle_cycles
 
     def _wait_for_cycle(self) -> tuple[list[Request], bool]:
-        """Wait for the next cycle: at most one cycle time after the last one started. A request after a
-        quiet cycle starts it at once (low latency); while requests keep coming, cycles are paced one
-        cycle time apart so that more requests share each negotiation and fused buffer."""
+        """Wait for the next cycle, at most one cycle time after the last one started: at once for a request after a
+        quiet cycle; while requests keep coming, one cycle time apart (more share a negotiation and fused buffer)."""
         # a rank with nothing of its own (the others wait for it), or every rank blocked, spaces its cycles
         own_requests = bool(self._inflight or self._queue) and not self._everyone_blocked
         deadline = self._cycle_started + self._settings.pace(self._empty_cycles, own_requests)
@@ -377,7 +377,7 @@ class Engine:
         timeline.activity_start(response.name, response_backend_activity(response))
         try:
             refuse_after_failed_launch(self._launch_failures)
-            launched = self.executor.launch(response, request)
+            launched = self._express.take(response.key, request) or self.executor.launch(response, request)
         except Exception as error:  # noqa: BLE001 - fail this request; the next cycle tells the others (launch_failures)
             self._launch_failures.append(failure_of(response, error))
             launched = Launched.failed(error)

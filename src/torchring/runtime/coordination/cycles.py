@@ -25,7 +25,8 @@ stall inspector and the deadlock check see them as they do today. When a status 
 same announcement goes out in the all-gather in the same cycle. Whether the next cycle probes is
 decided from what every rank saw, so all ranks call the same collectives. A cycle with new requests
 costs the all-gather only (the probe is skipped after a cycle that had some), so a loop of uncached
-blocking operations pays no extra round trip.
+blocking operations pays no extra round trip. A loop that repeats one small cached allreduce has its
+probe and data collective merged into one (``express``).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from .cycle import (
     negotiate_cycle,
     summarize_announcements,
 )
+from .express import ExpressPlan, ExpressReduce
 from .messages import Announcement
 from .negotiation import Negotiator, Response
 from .response_cache import ResponseCache, mask_to_bytes
@@ -80,7 +82,7 @@ class CycleExchange:
     every rank because it is derived only from what every rank received."""
 
     def __init__(self, channel: ControlChannel, negotiator: Negotiator, cache: ResponseCache,
-                 probe: bool = True, gather_ranks: int = 0) -> None:
+                 probe: bool = True, gather_ranks: int = 0, express: ExpressReduce | None = None) -> None:
         self._channel = channel
         #: Whether steady-state cycles may be settled by the probe at all (``TORCHRING_CONTROL_PROBE``).
         self._probe_enabled = probe
@@ -96,6 +98,12 @@ class CycleExchange:
         self.settled_cycles = 0
         self.failed_probes = 0
         self.exchanges = 0
+        #: The engine's data side of express cycles (None: the probe settles every steady-state cycle).
+        self._express_reduce = express
+        self._plan = ExpressPlan(cache, negotiator, channel.size)
+        #: Express cycles that settled, and those of them that released their allreduce already reduced.
+        self.express_cycles = 0
+        self.express_hits = 0
         #: This rank's cache bits that not every rank announced yet (announced again each cycle), and since when.
         self._kept = 0
         self._kept_since = 0.0
@@ -118,11 +126,14 @@ class CycleExchange:
         """Exchange ``announcement`` with every rank and negotiate the cycle. Collective."""
         announcement = self.with_settle(announcement, timeline)
         if self.probing:
-            outcome = self._probe(announcement, timeline)
+            predicted = self._plan.predicted() if self._express_reduce is not None else None
+            outcome = (self._express(announcement, *predicted, timeline) if predicted is not None
+                       else self._probe(announcement, timeline))
             if outcome is not None:
                 self.settled_cycles += 1
                 return outcome
             self.failed_probes += 1
+        self._plan.after_exchange()
         self.exchanges += 1
         self._kept, self.bits_kept = 0, False  # the all-gather carries them
         payload = encode_announcement(announcement)
@@ -153,10 +164,30 @@ class CycleExchange:
         if status != 1:
             return None
         self.agreed_epoch += epochs.bit_length()  # the AND of thermometer codes is the smallest one
+        return self._settle(mask, common, anyone, timeline, None)
+
+    def _express(self, announcement: Announcement, slot: int, response: Response,
+                 timeline: TimelineWriter | NullTimeline) -> CycleOutcome | None:
+        """The probe carried by ``response``'s allreduce (``express``); None: the all-gather follows."""
+        mask = int.from_bytes(announcement.cached, "little")
+        vote = self._express_reduce(response, slot, announcement.settle, mask,  # type: ignore[misc]
+                                    self._cache.slot_span)
+        if not vote.settle:
+            return None
+        hit = bool(vote.common >> slot & 1)
+        self.express_cycles += 1
+        self.express_hits += hit
+        return self._settle(mask, vote.common, vote.anyone, timeline, hit)
+
+    def _settle(self, mask: int, common: int, anyone: int, timeline: TimelineWriter | NullTimeline,
+                express_hit: bool | None) -> CycleOutcome:
+        """Settle the cycle from cache bits alone: release those every rank set (``common``); this rank keeps
+        the rest of ``mask`` to announce again; ``anyone``: the bits any rank set."""
         kept = mask & ~common
         if kept and not self._kept:
             self._kept_since = time.monotonic()
         self._kept, self.bits_kept = kept, anyone != common
         responses = negotiate_common(mask_to_bytes(common), self._negotiator, self._cache, timeline)
+        self._plan.after_settled(responses, common, express_hit)
         stand_in = Announcement((), False, self.agreed_epoch, "", mask_to_bytes(anyone), (), True)
         return CycleOutcome([stand_in], responses, settled=True)

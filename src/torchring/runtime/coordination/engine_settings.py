@@ -34,6 +34,8 @@ class EngineSettings:
     deadlock_confirm_s: float = 5.0
     #: Settle steady-state cycles with the probe instead of the all-gather (``cycles``; rank 0's value).
     control_probe: bool = True
+    #: Merge a repeated small allreduce's probe and data into one collective (``express``; rank 0's value).
+    control_express: bool = True
     #: From this many ranks on, all-gathers go through rank 0 instead (``cycles``; 0: never; rank 0's value).
     control_gather_ranks: int = 0
     #: The longest a rank with no request of its own spaces its cycles while the others wait for it.

@@ -82,6 +82,10 @@ class ResponseCache:
         """The requests ``rank`` announced as cache bits, with sequence numbers ordered by slot."""
         return [RequestMeta._make((*self._by_rank[slot][rank], _CACHED_SEQ_BASE + slot)) for slot in _set_bits(mask)]
 
+    def whole(self, slot: int) -> Response | None:
+        """The cached response in ``slot`` when it can skip negotiation (see ``take_common``), else None."""
+        return self._whole.get(slot)
+
     def take_common(self, masks: list[bytes],
                     pending: Container[tuple[int, str]]) -> tuple[list[Response], list[bytes]]:
         """The requests every rank announced from the cache in this cycle that need no negotiation: cached
@@ -92,7 +96,7 @@ class ResponseCache:
         common = functools.reduce(operator.and_, values) if values else 0
         ready: list[Response] = []
         taken = 0
-        for slot in _bits(common):
+        for slot in bits_of(common):
             response = self._whole.get(slot)
             if response is None or response.key in pending:
                 continue
@@ -153,7 +157,7 @@ def _cacheable(response: Response) -> bool:
 
 
 def _set_bits(mask: bytes) -> Iterator[int]:
-    return _bits(int.from_bytes(mask, "little"))
+    return bits_of(int.from_bytes(mask, "little"))
 
 
 def mask_to_bytes(value: int) -> bytes:
@@ -161,7 +165,8 @@ def mask_to_bytes(value: int) -> bytes:
     return value.to_bytes((value.bit_length() + 7) // 8, "little") if value else b""
 
 
-def _bits(value: int) -> Iterator[int]:
+def bits_of(value: int) -> Iterator[int]:
+    """The positions of the bits set in ``value``, lowest first."""
     while value:
         low = value & -value
         yield low.bit_length() - 1

@@ -1,0 +1,76 @@
+"""The data side of express cycles (see ``runtime.coordination.express``): one allreduce of the predicted
+request's tensor with the probe's flags appended, whose result the engine hands out as the
+request's result when every rank was ready."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ...reduction import ReduceOp
+from ..coordination.express import ExpressVote, read_vote, vote_flags
+from ..coordination.negotiation import RequestKey, Response
+from ..requests import Request
+from .completion import Launched
+from .process_set_table import ProcessSetTable
+from .reduce import Scaling, start_allreduce
+
+__all__ = ["ExpressReducer"]
+
+
+class ExpressReducer:
+    """Runs express cycles' allreduces on the global set's CPU group and keeps a result until the engine
+    releases its response. ``find_request(key)``: this rank's queued request under ``key``, if any."""
+
+    def __init__(self, process_sets: ProcessSetTable, find_request: Callable[[RequestKey], Request | None]) -> None:
+        self._process_sets = process_sets
+        self._find_request = find_request
+        self._result: tuple[RequestKey, Request, torch.Tensor] | None = None
+
+    def reduce(self, response: Response, slot: int, settle: bool, mask: int, span: int) -> ExpressVote:
+        """This rank's part of an express cycle carried by ``response`` in cache ``slot`` (collective): its
+        tensor when ``mask`` (its cache bits) has the slot's bit, else zeros, then the probe's flags."""
+        self._result = None
+        meta = response.template
+        request = self._find_request(response.key) if mask >> slot & 1 else None
+        numel = _numel(meta.shape)
+        buffer = torch.zeros(numel + 1 + 2 * span, dtype=getattr(torch, meta.dtype))
+        if request is not None and request.buffer is not None:
+            buffer[:numel].copy_(request.buffer.reshape(-1))
+        else:
+            mask &= ~(1 << slot)  # nothing to contribute: not announced here this cycle
+        buffer[numel:] = torch.tensor(vote_flags(meta.reduce_op, settle, mask, span), dtype=buffer.dtype)
+        size = len(response.members)
+        group = self._process_sets.groups(0).for_device("cpu", size)
+        scaling = Scaling(ReduceOp(meta.reduce_op), meta.prescale_factor, meta.postscale_factor)
+        launched = start_allreduce(buffer, scaling, group, size, scaled_numel=numel)
+        if launched.work is not None:
+            launched.work.wait()
+        vote = read_vote(meta.reduce_op, size, buffer[numel:].tolist(), span)
+        if vote.settle and vote.common >> slot & 1:
+            launched.finish()  # averages and postscales the tensor's part only
+            self._result = (response.key, request, buffer[:numel])  # type: ignore[arg-type]
+        return vote
+
+    def take(self, key: RequestKey, request: Request | None) -> Launched | None:
+        """The finished allreduce of ``request`` when an express cycle reduced it (None: launch it as usual)."""
+        if self._result is None or self._result[0] != key or self._result[1] is not request or request is None:
+            return None
+        _, _, reduced = self._result
+        self._result = None
+        target = request.buffer
+        assert target is not None
+
+        def finish() -> torch.Tensor:
+            target.copy_(reduced.view(target.shape))
+            return target
+
+        return Launched(None, finish)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    count = 1
+    for extent in shape:
+        count *= extent
+    return count

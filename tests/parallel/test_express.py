@@ -1,0 +1,115 @@
+"""Express cycles (``runtime.coordination.express``) on real Gloo groups: a repeated small allreduce is settled
+and reduced by one collective, with the same results, scaling and checks as the probe and the all-gather."""
+
+import time
+
+import pytest
+import torch
+
+import torchring as hvd
+from torchring import settings
+from torchring.runtime import context
+from torchring.runtime.coordination.express import MAX_BYTES
+
+
+def _exchange():
+    return context.current().engine._cycles
+
+
+@pytest.fixture(autouse=True)
+def _express_on():
+    if not settings.read("CONTROL_PROBE") or not settings.read("CONTROL_EXPRESS"):
+        pytest.skip("express cycles are off in this job (test_parallel_suite runs this file with them on too)")
+
+
+def _expected(op, values, dtype):
+    """What Horovod's allreduce gives for each rank's ``values`` (small integers: every sum is exact)."""
+    stacked = torch.stack(values).double()
+    if op in (hvd.Sum, hvd.Average):
+        result = stacked.sum(0).to(dtype)
+        if op == hvd.Average:  # in the tensor's dtype; integers through float64, truncated (as Horovod)
+            result = result / len(values) if dtype.is_floating_point else \
+                (result.double() * (1.0 / len(values))).to(dtype)
+        return result
+    if op == hvd.Min:
+        return stacked.min(0).values.to(dtype)
+    if op == hvd.Max:
+        return stacked.max(0).values.to(dtype)
+    return stacked.prod(0).to(dtype)
+
+
+@pytest.mark.parametrize("op", [hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32, torch.int64])
+def test_a_loop_of_one_blocking_allreduce_goes_express_with_exact_results(rank, size, op, dtype):
+    before = _exchange().express_hits
+    for step in range(12):
+        values = [torch.arange(6, dtype=torch.float64).to(dtype) + r + step % 3 for r in range(size)]
+        result = hvd.allreduce(values[rank].clone(), name=f"express.{op}.{dtype}", op=op)
+        assert torch.equal(result, _expected(op, values, dtype)), (step, result)
+    assert _exchange().express_hits - before >= 6  # after the first releases, every cycle carries it
+
+
+def test_scaling_applies_to_the_tensor_only(rank, size):
+    before = _exchange().express_hits
+    for _ in range(10):
+        tensor = torch.full((5,), float(rank + 1))
+        hvd.allreduce_(tensor, name="express.scaled", op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.5)
+        assert torch.equal(tensor, torch.full((5,), float(sum(range(1, size + 1)))))
+        averaged = hvd.allreduce(torch.full((2, 3), float(rank)), name="express.average")
+        assert torch.allclose(averaged, torch.full((2, 3), (size - 1) / 2))
+    assert _exchange().express_hits > before
+
+
+def test_an_allreduce_between_barriers_goes_express_and_the_barriers_still_hold(rank, size):
+    before = _exchange().express_hits
+    for step in range(12):
+        hvd.barrier()
+        total = hvd.allreduce(torch.tensor([float(rank), float(step)]), name="express.between", op=hvd.Sum)
+        assert torch.equal(total, torch.tensor([float(sum(range(size))), float(step * size)]))
+    assert _exchange().express_hits - before >= 6
+
+
+def test_a_late_rank_gets_the_same_results(rank, size):
+    for step in range(10):
+        if rank == step % size:
+            time.sleep(0.02)  # the others' express cycles run without this rank's tensor, then with it
+        total = hvd.allreduce(torch.full((3,), float(rank * step)), name="express.late", op=hvd.Sum)
+        assert torch.equal(total, torch.full((3,), float(step * sum(range(size)))))
+
+
+def test_a_mismatch_in_the_middle_of_an_express_loop_raises_on_every_rank_and_the_loop_resumes(rank, size):
+    def loop(steps):
+        for _ in range(steps):
+            assert torch.equal(hvd.allreduce(torch.ones(4), name="express.mismatch", op=hvd.Sum),
+                               torch.full((4,), float(size)))
+
+    loop(8)
+    with pytest.raises(hvd.HorovodInternalError, match="express.mismatch"):
+        hvd.allreduce(torch.ones(4 + (rank == size - 1)), name="express.mismatch", op=hvd.Sum)
+    before = _exchange().express_hits
+    loop(8)
+    assert _exchange().express_hits > before
+
+
+def test_other_operations_between_express_cycles_keep_their_results(rank, size):
+    for step in range(8):
+        total = hvd.allreduce(torch.tensor([1.0]), name="express.mixed", op=hvd.Sum)
+        assert total.item() == size
+        gathered = hvd.allgather(torch.tensor([rank, step]), name="express.mixed.gather")
+        assert gathered.tolist() == [v for r in range(size) for v in (r, step)]
+        value = hvd.broadcast(torch.tensor([float(rank + step)]), root_rank=0, name="express.mixed.bcast")
+        assert value.item() == step
+        handles = [hvd.allreduce_async(torch.full((2,), float(i)), name=f"express.mixed.async.{i}", op=hvd.Sum)
+                   for i in range(3)]
+        for i, handle in enumerate(handles):
+            assert torch.equal(hvd.synchronize(handle), torch.full((2,), float(i * size)))
+
+
+def test_a_tensor_larger_than_the_express_limit_takes_the_probe_and_its_own_collective(rank, size):
+    before = (_exchange().express_cycles, _exchange().settled_cycles)
+    numel = MAX_BYTES // 4 + 1
+    for _ in range(6):
+        total = hvd.allreduce(torch.ones(numel), name="express.large", op=hvd.Sum)
+        assert torch.equal(total, torch.full((numel,), float(size)))
+    after = (_exchange().express_cycles, _exchange().settled_cycles)
+    assert after[0] == before[0] and after[1] > before[1]

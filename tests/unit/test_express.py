@@ -1,0 +1,149 @@
+"""Express cycles (``runtime.coordination.express``): the probe's answer read from flags reduced with any of the
+allreduce operations, which requests may carry a cycle, and ``CycleExchange`` releasing what the probe and the
+all-gather release while the predicted allreduce carries the cycles. The ranks are threads of this process
+(``test_cycle_exchange``'s board); the data side runs on real Gloo groups in tests/parallel/test_express.py."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import operator
+import random
+import threading
+
+import pytest
+
+from torchring.bench.control_plane import VirtualRank
+from torchring.reduction import ReduceOp
+from torchring.runtime.coordination import express
+from torchring.runtime.coordination.cycles import CycleExchange
+from torchring.runtime.coordination.express import ExpressVote, expressible, read_vote, vote_flags
+from torchring.runtime.coordination.negotiation import Response
+from torchring.runtime.requests import OpType, RequestMeta
+
+from .test_cycle_exchange import SIZE, _Board, _meta, _ThreadChannel
+
+_COMBINE = {ReduceOp.SUM: operator.add, ReduceOp.AVERAGE: operator.add, ReduceOp.MIN: min, ReduceOp.MAX: max,
+            ReduceOp.PRODUCT: operator.mul}
+
+
+@pytest.mark.parametrize("op", list(_COMBINE))
+def test_the_flags_give_the_probes_answer_under_every_operation(op):
+    rng = random.Random(op)
+    for _ in range(50):
+        span = rng.randint(0, 12)
+        settles = [rng.random() < 0.8 for _ in range(SIZE)]
+        masks = [rng.getrandbits(span) if span else 0 for _ in range(SIZE)]
+        flags = [vote_flags(op, settle, mask, span) for settle, mask in zip(settles, masks, strict=True)]
+        reduced = [functools.reduce(_COMBINE[op], column) for column in zip(*flags, strict=True)]
+        vote = read_vote(op, SIZE, [float(value) for value in reduced], span)
+        assert vote == ExpressVote(all(settles), functools.reduce(operator.and_, masks),
+                                   functools.reduce(operator.or_, masks))
+
+
+def _response(dtype="float32", shape=(1024,), reduce_op=1, device="cpu", process_set=0, group="",
+              op_type=OpType.ALLREDUCE, size=SIZE) -> Response:
+    metas = {r: RequestMeta("x", op_type, dtype, shape, device, reduce_op, process_set=process_set, group=group,
+                            seq=0) for r in range(size)}
+    return Response("x", process_set, tuple(range(size)), metas)
+
+
+def test_only_small_cpu_allreduces_of_the_whole_job_with_exact_flags_go_express():
+    assert expressible(_response(), SIZE)
+    assert expressible(_response(shape=(express.MAX_BYTES // 4,)), SIZE)
+    assert not expressible(_response(shape=(express.MAX_BYTES // 4 + 1,)), SIZE)
+    assert not expressible(_response(device="cuda:0"), SIZE)
+    assert not expressible(_response(reduce_op=int(ReduceOp.ADASUM)), SIZE)
+    assert not expressible(_response(dtype="bool"), SIZE)
+    assert not expressible(_response(dtype="bfloat16", size=300), 300)  # its flags cannot count 300 ranks
+    assert expressible(_response(dtype="bfloat16"), SIZE)
+    assert not expressible(_response(process_set=1), SIZE)
+    assert not expressible(_response(group="g"), SIZE)
+    assert not expressible(_response(op_type=OpType.BROADCAST), SIZE)
+
+
+class _ExpressRank(VirtualRank):
+    """A virtual rank whose express cycles reduce their flags (with Sum) through the board."""
+
+    def __init__(self, board: _Board, rank: int) -> None:
+        super().__init__(rank, SIZE, 64, _ThreadChannel(board, rank))
+        self.exchange = CycleExchange(self.channel, self.negotiator, self.cache, express=self._express)
+        self.seq = itertools.count()
+
+    def _express(self, response: Response, slot: int, settle: bool, mask: int, span: int) -> ExpressVote:
+        self.channel.collectives.append(f"express:{response.name}")
+        flags = self.channel._collect(vote_flags(ReduceOp.SUM, settle, mask, span))
+        return read_vote(ReduceOp.SUM, SIZE, [float(sum(column)) for column in zip(*flags, strict=True)], span)
+
+    def cycle(self, names: list[str]) -> list[str]:
+        metas = [_meta(name, next(self.seq)) for name in names]
+        return [response.name for response in self.run_cycle(metas)]
+
+
+def _run(plan: list[list[list[str]]]) -> tuple[list[list[list[str]]], list[_ExpressRank]]:
+    """``plan[cycle][rank]``: what each rank submits; returns the names released per cycle and rank."""
+    board = _Board(SIZE)
+    ranks = [_ExpressRank(board, r) for r in range(SIZE)]
+    released: list[list[list[str]]] = [[[] for _ in range(SIZE)] for _ in plan]
+
+    def work(rank: _ExpressRank) -> None:
+        for index, cycle in enumerate(plan):
+            released[index][rank.channel.rank] = rank.cycle(cycle[rank.channel.rank])
+
+    threads = [threading.Thread(target=work, args=(rank,)) for rank in ranks]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    return released, ranks
+
+
+def test_a_loop_of_one_allreduce_goes_express_after_the_streak():
+    released, ranks = _run([[["a"]] * SIZE] * 8)
+    assert all(names == ["a"] for cycle in released for names in cycle)
+    for rank in ranks:
+        # new, first repeat (all-gather), then the probe until 'a' followed 'a' twice; then the probe rides with 'a'
+        assert rank.channel.collectives == ["allgather", "allgather", "probe", "probe", "probe", *["express:a"] * 3]
+        assert rank.exchange.express_hits == 3
+
+
+def test_two_allreduces_in_turn_and_a_barrier_between_go_express_each_with_the_next():
+    plan = [[["a"]] * SIZE, [["b"]] * SIZE] * 6
+    released, ranks = _run(plan)
+    assert [cycle[0] for cycle in released] == [["a"], ["b"]] * 6
+    assert ranks[0].channel.collectives[-3:] == ["express:b", "express:a", "express:b"]
+
+
+def test_a_rank_that_has_not_submitted_yet_delays_the_release_and_the_others_keep_their_bits():
+    every = [["a"]] * SIZE
+    released, ranks = _run([every] * 6 + [[["a"], ["a"], []], [[], [], ["a"]], every])
+    assert released[6] == [[], [], []] and released[7] == [["a"]] * SIZE and released[8] == [["a"]] * SIZE
+    for rank in ranks:
+        assert rank.channel.collectives[5:] == ["express:a"] * 4  # the late cycle is settled too: no all-gather
+        assert rank.exchange.express_hits == 3 and not rank.exchange.bits_kept
+
+
+def test_a_new_request_in_an_express_loop_goes_out_in_the_all_gather_of_the_same_cycle():
+    every = [["a"]] * SIZE
+    released, ranks = _run([every] * 6 + [[["a", "n"]] * SIZE, every])
+    assert released[6] == [["a", "n"]] * SIZE or released[6] == [["n", "a"]] * SIZE
+    for rank in ranks:
+        assert rank.channel.collectives[5:] == ["express:a", "express:a", "allgather", "allgather"]
+        assert rank.exchange.failed_probes == 1
+
+
+def test_after_a_run_of_express_cycles_one_probe_runs(monkeypatch):
+    monkeypatch.setattr(express, "RUN_MAX", 3)
+    released, ranks = _run([[["a"]] * SIZE] * 12)
+    assert all(names == ["a"] for cycle in released for names in cycle)
+    assert ranks[0].channel.collectives[5:] == [*["express:a"] * 3, "probe", *["express:a"] * 3]
+
+
+def test_cycles_that_release_nothing_stop_the_express_until_the_next_release():
+    every = [["a"]] * SIZE
+    nobody = [[]] * SIZE
+    released, ranks = _run([every] * 6 + [nobody] * 4 + [every, every])
+    assert released[-2] == [["a"]] * SIZE and released[-1] == [["a"]] * SIZE
+    # two express cycles that released nothing, then probes until 'a' is released; then express again
+    assert ranks[0].channel.collectives[5:] == ["express:a", "express:a", "express:a", "probe", "probe", "probe",
+                                                "express:a"]

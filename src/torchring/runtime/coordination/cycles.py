@@ -188,6 +188,7 @@ class CycleExchange:
             self._kept_since = time.monotonic()
         self._kept, self.bits_kept = kept, anyone != common
         responses = negotiate_common(mask_to_bytes(common), self._negotiator, self._cache, timeline)
-        self._plan.after_settled(responses, common, express_hit)
+        if self._express_reduce is not None:
+            self._plan.after_settled(responses, common, express_hit)
         stand_in = Announcement((), False, self.agreed_epoch, "", mask_to_bytes(anyone), (), True)
         return CycleOutcome([stand_in], responses, settled=True)

@@ -139,17 +139,30 @@ class ExpressPlan:
         else:
             self._run += 1
             self._misses = 0 if released else self._misses + 1  # a miss: a cycle that waited for some rank
-        ids = {id(response) for response in released}
-        slots = [slot for slot in bits_of(common) if id(response := self._cache.whole(slot)) in ids
-                 and expressible(response, self._size)]  # type: ignore[arg-type]
-        if len(slots) > 1:  # several at once (an async burst): none of them alone is what the loop waits on
+        if not released:
+            return
+        slot = self._single_expressible(released, common)
+        if slot == -2:  # several at once (an async burst): none of them alone is what the loop waits on
             self._last = -1
-        elif slots:
+        elif slot >= 0:
             if self._last >= 0:
                 successor, streak = self._successor.get(self._last, (-1, 0))
-                self._successor[self._last] = (slots[0], streak + 1 if successor == slots[0] else 1)
-            self._last = slots[0]
+                self._successor[self._last] = (slot, streak + 1 if successor == slot else 1)
+            self._last = slot
             self._misses = 0
+
+    def _single_expressible(self, released: list[Response], common: int) -> int:
+        """The slot of the one expressible allreduce among ``released`` (-1: none; -2: more than one)."""
+        ids = {id(response) for response in released}
+        found = -1
+        for slot in bits_of(common):
+            response = self._cache.whole(slot)
+            if response is None or id(response) not in ids or not expressible(response, self._size):
+                continue
+            if found >= 0:
+                return -2
+            found = slot
+        return found
 
     def after_exchange(self) -> None:
         """A cycle went out in the all-gather: follow the releases again from the next settled cycle on."""

@@ -5,6 +5,7 @@ board (the interface the engine uses; the Gloo implementation runs in tests/para
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from torchring.bench.control_plane import VirtualRank
 from torchring.runtime.requests import OpType, RequestMeta
@@ -67,10 +68,12 @@ class _Rank(VirtualRank):
         return [response.name for response in self.run_cycle(metas)]
 
 
-def _run(plan: list[list[list[str]]], gather_ranks: int = 0) -> tuple[list[list[list[str]]], list[_Rank]]:
-    """``plan[cycle][rank]``: the names each rank submits; returns the names released per cycle and rank."""
+def _run(plan: list[list[list[str]]], gather_ranks: int = 0,
+         make_rank: Callable[[_Board, int], _Rank] | None = None) -> tuple[list[list[list[str]]], list[_Rank]]:
+    """``plan[cycle][rank]``: the names each rank submits; returns the names released per cycle and rank.
+    ``make_rank(board, rank)`` builds each rank (default: a ``_Rank`` with ``gather_ranks``)."""
     board = _Board(SIZE)
-    ranks = [_Rank(board, r, gather_ranks) for r in range(SIZE)]
+    ranks = [make_rank(board, r) if make_rank else _Rank(board, r, gather_ranks) for r in range(SIZE)]
     released: list[list[list[str]]] = [[[] for _ in range(SIZE)] for _ in plan]
 
     def work(rank: _Rank) -> None:

@@ -6,14 +6,11 @@ all-gather release while the predicted allreduce carries the cycles. The ranks a
 from __future__ import annotations
 
 import functools
-import itertools
 import operator
 import random
-import threading
 
 import pytest
 
-from torchring.bench.control_plane import VirtualRank
 from torchring.reduction import ReduceOp
 from torchring.runtime.coordination import express
 from torchring.runtime.coordination.cycles import CycleExchange
@@ -21,7 +18,8 @@ from torchring.runtime.coordination.express import ExpressVote, expressible, rea
 from torchring.runtime.coordination.negotiation import Response
 from torchring.runtime.requests import OpType, RequestMeta
 
-from .test_cycle_exchange import SIZE, _Board, _meta, _ThreadChannel
+from .test_cycle_exchange import SIZE, _Board, _Rank
+from .test_cycle_exchange import _run as run_ranks
 
 _COMBINE = {ReduceOp.SUM: operator.add, ReduceOp.AVERAGE: operator.add, ReduceOp.MIN: min, ReduceOp.MAX: max,
             ReduceOp.PRODUCT: operator.mul}
@@ -62,40 +60,22 @@ def test_only_small_cpu_allreduces_of_the_whole_job_with_exact_flags_go_express(
     assert not expressible(_response(op_type=OpType.BROADCAST), SIZE)
 
 
-class _ExpressRank(VirtualRank):
+class _ExpressRank(_Rank):
     """A virtual rank whose express cycles reduce their flags (with Sum) through the board."""
 
     def __init__(self, board: _Board, rank: int) -> None:
-        super().__init__(rank, SIZE, 64, _ThreadChannel(board, rank))
+        super().__init__(board, rank)
         self.exchange = CycleExchange(self.channel, self.negotiator, self.cache, express=self._express)
-        self.seq = itertools.count()
 
     def _express(self, response: Response, slot: int, settle: bool, mask: int, span: int) -> ExpressVote:
         self.channel.collectives.append(f"express:{response.name}")
         flags = self.channel._collect(vote_flags(ReduceOp.SUM, settle, mask, span))
         return read_vote(ReduceOp.SUM, SIZE, [float(sum(column)) for column in zip(*flags, strict=True)], span)
 
-    def cycle(self, names: list[str]) -> list[str]:
-        metas = [_meta(name, next(self.seq)) for name in names]
-        return [response.name for response in self.run_cycle(metas)]
-
 
 def _run(plan: list[list[list[str]]]) -> tuple[list[list[list[str]]], list[_ExpressRank]]:
     """``plan[cycle][rank]``: what each rank submits; returns the names released per cycle and rank."""
-    board = _Board(SIZE)
-    ranks = [_ExpressRank(board, r) for r in range(SIZE)]
-    released: list[list[list[str]]] = [[[] for _ in range(SIZE)] for _ in plan]
-
-    def work(rank: _ExpressRank) -> None:
-        for index, cycle in enumerate(plan):
-            released[index][rank.channel.rank] = rank.cycle(cycle[rank.channel.rank])
-
-    threads = [threading.Thread(target=work, args=(rank,)) for rank in ranks]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
-    return released, ranks
+    return run_ranks(plan, make_rank=_ExpressRank)  # type: ignore[return-value]
 
 
 def test_a_loop_of_one_allreduce_goes_express_after_the_streak():

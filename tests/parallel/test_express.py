@@ -106,10 +106,11 @@ def test_other_operations_between_express_cycles_keep_their_results(rank, size):
 
 
 def test_a_tensor_larger_than_the_express_limit_takes_the_probe_and_its_own_collective(rank, size):
-    before = (_exchange().express_cycles, _exchange().settled_cycles)
+    before = (_exchange().express_hits, _exchange().settled_cycles)
     numel = MAX_BYTES // 4 + 1
     for _ in range(6):
         total = hvd.allreduce(torch.ones(numel), name="express.large", op=hvd.Sum)
         assert torch.equal(total, torch.full((numel,), float(size)))
-    after = (_exchange().express_cycles, _exchange().settled_cycles)
+    after = (_exchange().express_hits, _exchange().settled_cycles)
+    # (the first cycles may still be express cycles carrying the last test's allreduce, which they miss)
     assert after[0] == before[0] and after[1] > before[1]

@@ -34,12 +34,12 @@ class ExpressReducer:
         self._result = None
         meta = response.template
         request = self._find_request(response.key) if mask >> slot & 1 else None
+        if mask >> slot & 1 and (request is None or request.buffer is None):
+            raise RuntimeError(f"express cycle: this rank announced '{response.name}' but holds no tensor for it")
         numel = _numel(meta.shape)
         buffer = torch.zeros(numel + 1 + 2 * span, dtype=getattr(torch, meta.dtype))
-        if request is not None and request.buffer is not None:
-            buffer[:numel].copy_(request.buffer.reshape(-1))
-        else:
-            mask &= ~(1 << slot)  # nothing to contribute: not announced here this cycle
+        if request is not None:
+            buffer[:numel].copy_(request.buffer.reshape(-1))  # type: ignore[union-attr]
         buffer[numel:] = torch.tensor(vote_flags(meta.reduce_op, settle, mask, span), dtype=buffer.dtype)
         size = len(response.members)
         group = self._process_sets.groups(0).for_device("cpu", size)

@@ -114,3 +114,31 @@ def test_a_tensor_larger_than_the_express_limit_takes_the_probe_and_its_own_coll
     after = (_exchange().express_hits, _exchange().settled_cycles)
     # (the first cycles may still be express cycles carrying the last test's allreduce, which they miss)
     assert after[0] == before[0] and after[1] > before[1]
+
+
+def test_a_timeline_started_in_an_express_loop_records_every_operation(rank, size, tmp_path_factory):
+    import json
+
+    path = hvd.broadcast_object(str(tmp_path_factory.mktemp("timeline") / "t.json"), root_rank=0)
+    for _ in range(8):
+        hvd.allreduce(torch.ones(2), name="express.timed", op=hvd.Sum)
+    hvd.start_timeline(path)
+    for _ in range(5):
+        assert hvd.allreduce(torch.ones(2), name="express.timed", op=hvd.Sum).tolist() == [size, size]
+    hvd.stop_timeline()
+    hvd.barrier()
+    if rank == 0:  # rank 0's timeline turns settling (and so express cycles) off: each operation is recorded
+        with open(path) as file:
+            ends = [e for e in json.load(file) if e.get("ph") == "E" and "dtype" in e.get("args", {})]
+        assert len(ends) >= 5, ends
+
+
+def test_a_rank_that_joins_in_an_express_loop_counts_as_zeros(rank, size):
+    for _ in range(8):
+        assert hvd.allreduce(torch.ones(3), name="express.join", op=hvd.Sum).tolist() == [size] * 3
+    if rank == size - 1:
+        hvd.join()
+        return
+    for _ in range(3):  # the last rank has joined: it takes part with zeros
+        assert hvd.allreduce(torch.ones(3), name="express.join", op=hvd.Sum).tolist() == [size - 1] * 3
+    hvd.join()

@@ -25,6 +25,7 @@ express cycles in a row one probe runs (it carries the wake-up epochs, ``cycles`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -78,10 +79,7 @@ def expressible(response: Response, size: int) -> bool:
         return False
     if meta.reduce_op not in _OPS or size > _EXACT_COUNTS.get(meta.dtype, 0):
         return False
-    numel = 1
-    for extent in meta.shape:
-        numel *= extent
-    return numel * _ITEM_BYTES[meta.dtype] <= MAX_BYTES
+    return math.prod(meta.shape) * _ITEM_BYTES[meta.dtype] <= MAX_BYTES
 
 
 def vote_flags(reduce_op: int, settle: bool, mask: int, span: int) -> list[int]:

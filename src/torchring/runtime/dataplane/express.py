@@ -4,6 +4,7 @@ request's result when every rank was ready."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -36,7 +37,7 @@ class ExpressReducer:
         request = self._find_request(response.key) if mask >> slot & 1 else None
         if mask >> slot & 1 and (request is None or request.buffer is None):
             raise RuntimeError(f"express cycle: this rank announced '{response.name}' but holds no tensor for it")
-        numel = _numel(meta.shape)
+        numel = math.prod(meta.shape)
         buffer = torch.zeros(numel + 1 + 2 * span, dtype=getattr(torch, meta.dtype))
         if request is not None:
             buffer[:numel].copy_(request.buffer.reshape(-1))  # type: ignore[union-attr]
@@ -68,9 +69,3 @@ class ExpressReducer:
 
         return Launched(None, finish)
 
-
-def _numel(shape: tuple[int, ...]) -> int:
-    count = 1
-    for extent in shape:
-        count *= extent
-    return count

@@ -18,7 +18,6 @@ import torch
 import torch.distributed as dist
 
 from ...metrics.counters import METRICS
-from ...reduction import ReduceOp
 from ..coordination.negotiation import Response
 from ..devices import is_cuda, last_cuda_device
 from ..requests import OpType, Request, RequestMeta
@@ -183,8 +182,7 @@ class Executor:
                       size: int, segments: list[tuple[int, int]] | None = None) -> Launched:
         """Start the allreduce of ``buffer`` with ``meta``'s op and scaling (see ``runtime.dataplane.reduce``);
         ``segments``: where each tensor of a fused buffer lies (Adasum's coefficients are per tensor)."""
-        scaling = Scaling(ReduceOp(meta.reduce_op), meta.prescale_factor, meta.postscale_factor)
-        return start_allreduce(buffer, scaling, group, size, segments=segments)
+        return start_allreduce(buffer, Scaling.of(meta), group, size, segments=segments)
 
     def _allreduce(self, response: Response, buffer: torch.Tensor | None, group: dist.ProcessGroup | None,
                    size: int) -> Launched:

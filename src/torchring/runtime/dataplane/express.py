@@ -9,7 +9,6 @@ from collections.abc import Callable
 
 import torch
 
-from ...reduction import ReduceOp
 from ..coordination.express import ExpressVote, read_vote, vote_flags
 from ..coordination.negotiation import RequestKey, Response
 from ..requests import Request
@@ -44,8 +43,7 @@ class ExpressReducer:
         buffer[numel:] = torch.tensor(vote_flags(meta.reduce_op, settle, mask, span), dtype=buffer.dtype)
         size = len(response.members)
         group = self._process_sets.groups(0).for_device("cpu", size)
-        scaling = Scaling(ReduceOp(meta.reduce_op), meta.prescale_factor, meta.postscale_factor)
-        launched = start_allreduce(buffer, scaling, group, size, scaled_numel=numel)
+        launched = start_allreduce(buffer, Scaling.of(meta), group, size, scaled_numel=numel)
         if launched.work is not None:
             launched.work.wait()
         vote = read_vote(meta.reduce_op, size, buffer[numel:].tolist(), span)

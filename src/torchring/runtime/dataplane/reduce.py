@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from ...metrics.counters import METRICS
 from ...reduction import ReduceOp
+from ..requests import RequestMeta
 from .adasum import Segments, adasum_allreduce
 from .completion import Launched
 
@@ -41,6 +42,11 @@ class Scaling:
     op: ReduceOp = ReduceOp.AVERAGE
     prescale: float = 1.0
     postscale: float = 1.0
+
+    @classmethod
+    def of(cls, meta: RequestMeta) -> Scaling:
+        """The scaling a negotiated request asks for: its op, prescale and postscale factors."""
+        return cls(ReduceOp(meta.reduce_op), meta.prescale_factor, meta.postscale_factor)
 
 
 def scale_in_place(tensor: torch.Tensor, factor: float) -> None:

@@ -4,11 +4,11 @@ In the steady state a cycle costs the probe (``cycles``: a small AND collective 
 bits) and then the data collective of what it released. A loop of blocking small allreduces (a loss or
 a metric averaged every step, a validation loop, a barrier and an allreduce in turn) releases the same
 cached allreduce ``R`` cycle after cycle, so the probe's answer is foreseeable. Once settled cycles have
-released ``R`` after the same allreduce ``STREAK`` times in a row (``ExpressPlan``), the next steady-state
-cycles after that one are **express** cycles:
-instead of the probe, every rank calls one allreduce of ``R``'s data (its own tensor when it announces
-``R``'s cache bit, zeros otherwise) with the probe's words appended as flags, on the data group ``R``
-uses, with ``R``'s reduction and scaling (the flags are reduced but never scaled). Each flag is
+released ``R`` after the same allreduce ``STREAK`` times in a row (``ExpressPlan``), the steady-state cycles
+after that one are **express** cycles: instead of the probe, every rank calls one allreduce of ``R``'s data
+(its own tensor when it announces ``R``'s cache bit, zeros otherwise) with the probe's words appended as
+flags, on the data group ``R`` uses, with ``R``'s reduction and scaling (the flags are reduced but never
+scaled). Each flag is
 combined as a logical AND whatever ``R``'s operation is (``vote_flags``): the probe's status bit, each
 cache bit, and each bit's complement (whose AND says which bits *any* rank set).
 
@@ -19,8 +19,8 @@ derived only from what every rank saw, so all ranks call the same collectives; a
 between two ``R``, a rank that has not submitted ``R`` yet) costs ``R``'s bytes for nothing, so cycles
 go express only for allreduces of the global process set on CPU tensors up to ``MAX_BYTES`` whose
 dtype counts the flags exactly, with at most ``MAX_SLOTS`` cache bits; after ``MISSES_MAX`` express
-cycles in a row that released nothing, probes settle until an allreduce is released again, and after ``RUN_MAX``
-express cycles in a row one probe runs (it carries the wake-up epochs, ``cycles``).
+cycles in a row that released nothing, probes settle until an allreduce is released again, and after
+``RUN_MAX`` express cycles in a row one probe runs (it carries the wake-up epochs, ``cycles``).
 """
 
 from __future__ import annotations

@@ -180,6 +180,9 @@ VARIABLES: tuple[Variable, ...] = (
          "seconds every rank must wait for collectives no rank can complete before the job is declared "
          "deadlocked (ranks diverged); 0: never (rank 0's value applies)"),
     _own("IDLE_AFTER_MS", _number, 0.0, "milliseconds engines keep cycling without work before blocking"),
+    _own("WAIT_SPIN_US", _non_negative, 1500.0,
+         "microseconds a blocking wait (synchronize, a blocking collective) polls for its result before it "
+         "sleeps; 0: sleep at once"),
     _own("GC_FREEZE", _flag, True,
          "at init(), gc.freeze() the objects alive then (imports, model, data), so that Python's full garbage "
          "collections stop walking them again (each walk took ~90 ms per process here); 0: leave the collector "
@@ -264,6 +267,7 @@ class Settings:
     cuda_backend: str = "nccl"
     deadlock_timeout: float = 5.0
     idle_after_ms: float = 0.0
+    wait_spin_us: float = 1500.0
     gc_freeze: bool = True
     gil_switch_interval_ms: float | None = None
     metrics_port: int | None = None

@@ -7,6 +7,7 @@ import functools
 import json
 import logging
 import math
+import os
 import socket
 import sys
 import threading
@@ -92,6 +93,8 @@ class Runtime:
     init_seconds: dict[str, float] = field(default_factory=dict)
     #: ``join()`` calls that returned (every rank joined): the same on every rank, which step counts may not be.
     joins: int = 0
+    #: Seconds a blocking wait polls for its result before it sleeps (``wait_spin_seconds``).
+    wait_spin_s: float = 0.0
 
 
 _lock = threading.RLock()
@@ -174,6 +177,13 @@ def _apply_gil_switch_interval(settings: Settings) -> None:
     given = settings.gil_switch_interval_ms
     if given is not None and given > 0:
         sys.setswitchinterval(given / 1000.0)
+
+
+def wait_spin_seconds(settings: Settings, local_size: int) -> float:
+    """How long a blocking wait polls for its result (``TORCHRING_WAIT_SPIN_US``): only while this host has a
+    CPU for each of its ranks (more ranks than CPUs: polling would take the CPU from a rank that works)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return settings.wait_spin_us * 1e-6 if local_size <= cpus else 0.0
 
 
 def _shared_engine_values(settings: Settings) -> tuple[int, ...]:
@@ -359,7 +369,7 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
         clock.lap("engine")
         _runtime = Runtime(environment, topology, store, signed, control_group, table, engine, _generation,
                            dynamic_process_sets, settings, lanes, metrics_publisher, recorder, first_step_key,
-                           clock.seconds)
+                           clock.seconds, wait_spin_s=wait_spin_seconds(settings, topology.local_size))
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True

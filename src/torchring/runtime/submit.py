@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
@@ -20,6 +21,9 @@ SUPPORTED_DTYPES = frozenset({
     torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
     torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool,
 })
+
+#: A blocking wait polls for its result first (``TORCHRING_WAIT_SPIN_US``) only for tensors up to this size.
+SPIN_MAX_BYTES = 64 * 1024
 
 
 class Completion(Protocol):
@@ -197,16 +201,20 @@ def synchronize(handle: int) -> Any:
 
 def _wait_announced(completion: Completion) -> None:
     """Wait for ``completion``. The engine first stops waiting for more of this thread's submissions (a
-    burst of ``*_async`` calls followed by ``synchronize`` is over); a request still not done after
-    ``BLOCKED_AFTER_S`` is announced as blocked at its call site, for the deadlock watch (``deadlock``)."""
+    burst of ``*_async`` calls followed by ``synchronize`` is over); the wait polls for the result for
+    ``TORCHRING_WAIT_SPIN_US`` before it sleeps when its tensors are small (``context.wait_spin_seconds``: a
+    larger one takes longer than that, and polling takes the CPU its transfer needs); a request still not done
+    after ``BLOCKED_AFTER_S`` is announced as blocked at its call site, for the deadlock watch (``deadlock``)."""
     runtime = context.current_or_none()
     if runtime is None:
         return
     runtime.engine.hurry()
     requests = [completion] if isinstance(completion, Request) else \
         [h for h in completion.handles if isinstance(h, Request)] if isinstance(completion, GroupHandle) else []
+    small = all(request.buffer is None or request.buffer.nbytes <= SPIN_MAX_BYTES for request in requests)
+    spin_deadline = time.perf_counter() + (runtime.wait_spin_s if small else 0.0)
     for request in requests:
-        if request.wait_done(BLOCKED_AFTER_S):
+        if request.spin_until_done(spin_deadline) or request.wait_done(BLOCKED_AFTER_S):
             continue
         watch = runtime.engine.deadlocks
         watch.note_blocked(request.key, call_site())

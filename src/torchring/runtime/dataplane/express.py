@@ -18,6 +18,9 @@ from .reduce import Scaling, start_allreduce
 
 __all__ = ["ExpressReducer"]
 
+#: Flag tensors kept for reuse (one per combination of reduction, dtype and cache bits seen).
+_FLAG_TENSORS_KEPT = 64
+
 
 class ExpressReducer:
     """Runs express cycles' allreduces on the global set's CPU group and keeps a result until the engine
@@ -27,6 +30,7 @@ class ExpressReducer:
         self._process_sets = process_sets
         self._find_request = find_request
         self._result: tuple[RequestKey, Request, torch.Tensor] | None = None
+        self._flag_tensors: dict[tuple[int, torch.dtype, bool, int, int], torch.Tensor] = {}
 
     def reduce(self, response: Response, slot: int, settle: bool, mask: int, span: int) -> ExpressVote:
         """This rank's part of an express cycle carried by ``response`` in cache ``slot`` (collective): its
@@ -37,10 +41,9 @@ class ExpressReducer:
         if mask >> slot & 1 and (request is None or request.buffer is None):
             raise RuntimeError(f"express cycle: this rank announced '{response.name}' but holds no tensor for it")
         numel = math.prod(meta.shape)
-        buffer = torch.zeros(numel + 1 + 2 * span, dtype=getattr(torch, meta.dtype))
-        if request is not None:
-            buffer[:numel].copy_(request.buffer.reshape(-1))  # type: ignore[union-attr]
-        buffer[numel:] = torch.tensor(vote_flags(meta.reduce_op, settle, mask, span), dtype=buffer.dtype)
+        dtype = getattr(torch, meta.dtype)
+        data = request.buffer.reshape(-1) if request is not None else torch.zeros(numel, dtype=dtype)  # type: ignore[union-attr]
+        buffer = torch.cat((data, self._flags(meta.reduce_op, dtype, settle, mask, span)))  # one new tensor
         size = len(response.members)
         group = self._process_sets.groups(0).for_device("cpu", size)
         launched = start_allreduce(buffer, Scaling.of(meta), group, size, scaled_numel=numel)
@@ -51,6 +54,17 @@ class ExpressReducer:
             launched.finish()  # averages and postscales the tensor's part only
             self._result = (response.key, request, buffer[:numel])  # type: ignore[arg-type]
         return vote
+
+    def _flags(self, reduce_op: int, dtype: torch.dtype, settle: bool, mask: int, span: int) -> torch.Tensor:
+        """The flags tensor of ``vote_flags`` (kept: a loop sends the same flags cycle after cycle)."""
+        key = (reduce_op, dtype, settle, mask, span)
+        flags = self._flag_tensors.get(key)
+        if flags is None:
+            if len(self._flag_tensors) >= _FLAG_TENSORS_KEPT:
+                self._flag_tensors.clear()
+            flags = torch.tensor(vote_flags(reduce_op, settle, mask, span), dtype=dtype)
+            self._flag_tensors[key] = flags
+        return flags
 
     def take(self, key: RequestKey, request: Request | None) -> Launched | None:
         """The finished allreduce of ``request`` when an express cycle reduced it (None: launch it as usual)."""

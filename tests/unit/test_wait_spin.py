@@ -1,0 +1,45 @@
+"""Blocking waits poll for their result for ``TORCHRING_WAIT_SPIN_US`` before they sleep, only while the
+host has a CPU for each of its ranks (``context.wait_spin_seconds``)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import torch
+
+from torchring.runtime.context import wait_spin_seconds
+from torchring.runtime.requests import OpType, Request, RequestMeta
+from torchring.settings import Settings
+
+
+def _request() -> Request:
+    return Request(RequestMeta("allreduce.x", OpType.ALLREDUCE), torch.zeros(1))
+
+
+def test_polling_sees_a_result_completed_by_another_thread() -> None:
+    request = _request()
+    completer = threading.Timer(0.01, request.complete, args=("done",))
+    completer.start()
+    assert request.spin_until_done(time.perf_counter() + 10.0)
+    assert request.wait() == "done"
+    completer.join()
+
+
+def test_polling_gives_up_at_its_deadline_and_the_request_stays_pending() -> None:
+    request = _request()
+    started = time.perf_counter()
+    assert not request.spin_until_done(started + 0.005)
+    assert time.perf_counter() - started >= 0.005
+    assert not request.done()
+    request.complete("late")
+    assert request.wait_done(0.0)
+
+
+def test_waits_poll_only_while_the_host_has_a_cpu_for_each_rank() -> None:
+    cpus = len(os.sched_getaffinity(0))
+    settings = Settings(wait_spin_us=1500.0)
+    assert wait_spin_seconds(settings, cpus) == 0.0015
+    assert wait_spin_seconds(settings, cpus + 1) == 0.0
+    assert wait_spin_seconds(Settings(wait_spin_us=0.0), 1) == 0.0

@@ -1,6 +1,5 @@
-"""Waking idle engines through a real TCPStore (``runtime.coordination.wakeup``): a wake-up is set by the
-waker's own thread, reaches a listener, is set before ``close`` returns, and a store that is gone makes the
-next wake-up raise."""
+"""Waking idle engines through a real TCPStore (``runtime.coordination.wakeup``): a wake-up is set in the
+store, reaches a listener, and a store that is gone makes the wake-up raise."""
 
 from __future__ import annotations
 
@@ -35,11 +34,11 @@ def store():
         discard_store_client("127.0.0.1", port, role)
 
 
-def test_a_wake_up_is_set_in_the_store_and_every_queued_one_before_close_returns(store) -> None:
+def test_every_wake_up_is_set_in_the_store(store) -> None:
     port, server = store
     waker = StoreWaker("127.0.0.1", port, "job/wake/", TIMEOUT)
     waker.wake(3)
-    server.wait(["3"], timedelta(seconds=10))  # set by the waker's thread, not by wake() itself
+    server.wait(["3"], timedelta(seconds=10))
     for epoch in range(4, 40):
         waker.wake(epoch)
     waker.close()
@@ -58,7 +57,7 @@ def test_a_listener_hears_a_wake_up_set_by_another_rank(store) -> None:
     waker.close()
 
 
-def test_a_store_that_is_gone_makes_the_next_wake_up_raise() -> None:
+def test_a_store_that_is_gone_makes_a_wake_up_raise() -> None:
     port = _free_port()
     serving = subprocess.Popen([sys.executable, "-c", (
         "import sys, datetime, torch.distributed as dist\n"
@@ -71,10 +70,8 @@ def test_a_store_that_is_gone_makes_the_next_wake_up_raise() -> None:
         serving.wait()
         deadline = time.monotonic() + 30
         with pytest.raises(Exception):  # noqa: B017, PT011 - c10d's error type differs between torch versions
-            while time.monotonic() < deadline:  # the first wake-ups may go out before the failure is seen
+            while time.monotonic() < deadline:  # a write may still be buffered before the closed socket is seen
                 waker.wake(1)
-                waker._setter_thread.join(0.05)  # returns once the failed set ended the thread
-        assert not waker._setter_thread.is_alive()
         waker.close()
     finally:
         serving.kill()

@@ -51,9 +51,7 @@ class LocalWaker(Waker):
 
 class StoreWaker(Waker):
     """Wake-ups through keys ``<epoch>`` in a store; one client listens, another sets (both kept for the
-    process and used again by the next initialisation, see ``runtime.startup``). A thread of its own sets
-    the keys, so that the waking engine starts its cycle at once instead of after a store round trip: the
-    peers it wakes join that cycle's collective, which waits for them."""
+    process and used again by the next initialisation, see ``runtime.startup``)."""
 
     _SETTER, _LISTENER = "wake-setter", "wake-listener"
 
@@ -72,21 +70,15 @@ class StoreWaker(Waker):
         self._listening_store = dist.PrefixStore(prefix, store_client(host, port, timeout, self._LISTENER))
         self._epochs: queue.SimpleQueue[tuple[int, Callable[[int], None]] | None] = queue.SimpleQueue()
         self._forgotten: queue.SimpleQueue[int] = queue.SimpleQueue()
-        self._wakes: queue.SimpleQueue[int | None] = queue.SimpleQueue()
-        self._set_error: Exception | None = None
         self._closed = False
         self._thread = threading.Thread(target=self._listen_loop, name="torchring-waker", daemon=True)
         self._thread.start()
-        self._setter_thread = threading.Thread(target=self._set_loop, name="torchring-wake-setter", daemon=True)
-        self._setter_thread.start()
 
     def listen(self, epoch: int, on_wake: Callable[[int], None]) -> None:
         self._epochs.put((epoch, on_wake))
 
     def wake(self, epoch: int) -> None:
-        if self._set_error is not None:  # an earlier wake-up could not be set: the store is gone
-            raise self._set_error
-        self._wakes.put(epoch)
+        self._setter.set(str(epoch), "1")
 
     def forget(self, epoch: int) -> None:
         """Queue the key's deletion; the listener thread does it, off the engine's path."""
@@ -94,21 +86,11 @@ class StoreWaker(Waker):
 
     def close(self) -> None:
         """Stop the listener and wait for it, so that no thread is inside the store at interpreter exit."""
-        self._wakes.put(None)  # after the wake-ups queued before: every one is set before close returns
-        self._setter_thread.join(timeout=10)
         self._closed = True
         self._epochs.put(None)
         self._thread.join(timeout=10)
         if self._thread.is_alive():  # still waiting inside the listening client: never hand it out again
             discard_store_client(*self._address, self._LISTENER)
-
-    def _set_loop(self) -> None:
-        while (epoch := self._wakes.get()) is not None:
-            try:
-                self._setter.set(str(epoch), "1")
-            except Exception as error:  # noqa: BLE001 - the store is gone: the next wake raises it
-                self._set_error = error
-                return
 
     def _listen_loop(self) -> None:
         while True:

@@ -181,8 +181,8 @@ VARIABLES: tuple[Variable, ...] = (
          "deadlocked (ranks diverged); 0: never (rank 0's value applies)"),
     _own("IDLE_AFTER_MS", _number, 0.0, "milliseconds engines keep cycling without work before blocking"),
     _own("WAIT_SPIN_US", _non_negative, 1500.0,
-         "microseconds a blocking wait (synchronize, a blocking collective) polls for its result before it "
-         "sleeps; 0: sleep at once"),
+         "microseconds a blocking wait on tensors of up to 64 KB (synchronize, a blocking collective, a barrier) "
+         "polls for its result before it sleeps, while the host has a CPU for each of its ranks; 0: sleep at once"),
     _own("GC_FREEZE", _flag, True,
          "at init(), gc.freeze() the objects alive then (imports, model, data), so that Python's full garbage "
          "collections stop walking them again (each walk took ~90 ms per process here); 0: leave the collector "

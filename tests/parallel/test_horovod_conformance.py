@@ -45,11 +45,12 @@ DIMS = (1, 2, 3)
 # np.random.seed(1234); np.random.uniform() -- the factor Horovod's scaling tests use
 SCALE_FACTOR = 0.1915194503788923
 
-# the torch.optim classes Horovod's optimizer tests loop over (LBFGS and SparseAdam excluded, as there)
+# the torch.optim classes Horovod's optimizer tests loop over (LBFGS and SparseAdam excluded, as there); this
+# torch's own (Adafactor came with torch 2.5)
 OPTIMIZER_CLASSES = [
-    torch.optim.ASGD, torch.optim.Adadelta, torch.optim.Adafactor, torch.optim.Adagrad, torch.optim.Adam,
-    torch.optim.AdamW, torch.optim.Adamax, torch.optim.NAdam, torch.optim.RAdam, torch.optim.RMSprop,
-    torch.optim.Rprop, torch.optim.SGD,
+    getattr(torch.optim, name) for name in ("ASGD", "Adadelta", "Adafactor", "Adagrad", "Adam", "AdamW", "Adamax",
+                                            "NAdam", "RAdam", "RMSprop", "Rprop", "SGD")
+    if hasattr(torch.optim, name)
 ]
 
 

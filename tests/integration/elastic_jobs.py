@@ -11,7 +11,6 @@ import queue
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,12 +24,6 @@ from .jobs import MARKER_VARIABLE, ROOT, start_job, wait_until_gone
 SCRIPT = ROOT / "tests" / "multihost" / "scripts" / "elastic_train.py"
 #: The script's dataset and the epochs these jobs train.
 SAMPLES = 240
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def processes_with(marker: str, variable: str, value: str) -> list[int]:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .elastic_jobs import free_port
+from ..ports import free_port
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "default_group_first.py"
 _GIVEN = ("TORCHRING_STORE_ADDR", "TORCHRING_STORE_PORT", "TORCHRING_JOB_SECRET", "TORCHRING_RANK", "HOROVOD_RANK")

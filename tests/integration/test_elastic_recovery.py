@@ -12,7 +12,8 @@ import urllib.request
 
 import pytest
 
-from .elastic_jobs import Launcher, free_port, random_membership_run, worker_pid
+from ..ports import free_port
+from .elastic_jobs import Launcher, random_membership_run, worker_pid
 from .jobs import wait_until_gone
 
 

@@ -18,7 +18,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -30,6 +29,7 @@ import pytest
 from torchring.deploy import k8s
 from torchring.deploy.k8s_cli import build_parser, spec_from_args
 
+from ..ports import free_port
 from .jobs import MARKER_VARIABLE, processes_with_marker, wait_until_gone
 
 TIMEOUT_S = 120
@@ -62,12 +62,6 @@ PROBE = textwrap.dedent(f"""\
 #: Variables of the surrounding shell that would change what the ranks discover.
 FOREIGN = re.compile(r"(RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|GROUP_RANK|GROUP_WORLD_SIZE|MASTER_ADDR|"
                      r"MASTER_PORT|JOB_COMPLETION_INDEX|(PET|TORCHELASTIC|TORCHRING|HOROVOD|SLURM|OMPI|PMI|PMIX)_.*)")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def manifests(tmp_path: Path, *extra: str) -> list[dict]:

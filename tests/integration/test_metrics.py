@@ -9,13 +9,8 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from ..ports import free_port
 from .jobs import ROOT, SCRIPTS
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def scrape(port: int) -> dict[tuple[str, tuple], float]:

@@ -2,13 +2,13 @@
 values, read by every rank itself (small jobs) or answered by rank 0 (large ones), a rank that never comes
 named, a value another process wrote refused."""
 
-import socket
 import threading
 from datetime import timedelta
 
 import pytest
 import torch.distributed as dist
 
+from tests.ports import free_port
 from torchring.environments import RankInfo
 from torchring.runtime import meeting
 from torchring.runtime.meeting import meet
@@ -16,17 +16,11 @@ from torchring.runtime.peer_names import decode_host_table
 from torchring.store_auth import AuthenticatedStore, JobCredentials
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture(params=["every rank reads", "rank 0 answers"])
 def server(request, monkeypatch):
     if request.param == "rank 0 answers":  # as in a job larger than DIRECT_MEETING_MAX_RANKS
         monkeypatch.setattr(meeting, "DIRECT_MEETING_MAX_RANKS", 1)
-    port = _free_port()
+    port = free_port()
     store = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=10),
                           wait_for_workers=False)
     yield port, store

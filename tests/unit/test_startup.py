@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import socket
 from datetime import timedelta
 
 import torch.distributed as dist
 
+from tests.ports import free_port
 from torchring.runtime.startup import StepClock, discard_store_client, store_client
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _server(port: int) -> dist.TCPStore:
@@ -21,7 +15,7 @@ def _server(port: int) -> dist.TCPStore:
 
 
 def test_a_client_is_handed_out_again_per_address_and_role():
-    port = _free_port()
+    port = free_port()
     server = _server(port)
     first = store_client("127.0.0.1", port, timedelta(seconds=5))
     assert store_client("127.0.0.1", port, timedelta(seconds=5)) is first
@@ -34,7 +28,7 @@ def test_a_client_is_handed_out_again_per_address_and_role():
 
 
 def test_a_client_whose_server_is_gone_is_replaced_by_a_new_connection():
-    port = _free_port()
+    port = free_port()
     server = _server(port)
     stale = store_client("127.0.0.1", port, timedelta(seconds=5))
     del server  # the server stops; a new one takes the port (a restarted launcher, an elastic re-init)

@@ -3,7 +3,6 @@ store, reaches a listener, and a store that is gone makes the wake-up raise."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import threading
@@ -13,21 +12,16 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
+from tests.ports import free_port
 from torchring.runtime.coordination.wakeup import StoreWaker
 from torchring.runtime.startup import discard_store_client
 
 TIMEOUT = timedelta(seconds=10)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture
 def store():
-    port = _free_port()
+    port = free_port()
     server = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=TIMEOUT, wait_for_workers=False)
     yield port, dist.PrefixStore("job/wake/", server)  # the keys as the wakers of a job's ranks name them
     for role in ("wake-setter", "wake-listener"):
@@ -58,7 +52,7 @@ def test_a_listener_hears_a_wake_up_set_by_another_rank(store) -> None:
 
 
 def test_a_store_that_is_gone_makes_a_wake_up_raise() -> None:
-    port = _free_port()
+    port = free_port()
     serving = subprocess.Popen([sys.executable, "-c", (
         "import sys, datetime, torch.distributed as dist\n"
         f"store = dist.TCPStore('127.0.0.1', {port}, is_master=True, wait_for_workers=False)\n"

@@ -211,8 +211,9 @@ def _wait_announced(completion: Completion) -> None:
     runtime.engine.hurry()
     requests = [completion] if isinstance(completion, Request) else \
         [h for h in completion.handles if isinstance(h, Request)] if isinstance(completion, GroupHandle) else []
-    small = all(request.buffer is None or request.buffer.nbytes <= SPIN_MAX_BYTES for request in requests)
-    spin_deadline = time.perf_counter() + (runtime.wait_spin_s if small else 0.0)
+    spin = runtime.wait_spin_s if runtime.wait_spin_s and all(
+        request.buffer is None or request.buffer.nbytes <= SPIN_MAX_BYTES for request in requests) else 0.0
+    spin_deadline = time.perf_counter() + spin
     for request in requests:
         if request.spin_until_done(spin_deadline) or request.wait_done(BLOCKED_AFTER_S):
             continue

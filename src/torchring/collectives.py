@@ -8,6 +8,7 @@ work in place on the tensor given. ``process_set`` restricts an operation to the
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -109,6 +110,10 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
     synchronize(submit(meta, "barrier", None, None, process_set=set_id, full_name="barrier"))
 
 
+#: How often ``join()`` looks whether its own request failed while it waits for the cycle that carries it.
+ANNOUNCED_CHECK_S = 0.1
+
+
 def join(device: int = -1) -> int:
     """Declare that this rank has no more data: until every rank has joined, it takes part in the
     others' allreduces with zeros. Returns the last rank to join (the same on every rank).
@@ -123,7 +128,13 @@ def join(device: int = -1) -> int:
     def meta(n: str, seq: int) -> RequestMeta:
         return RequestMeta(name=n, op_type=OpType.JOIN, seq=seq)
 
-    handle = submit(meta, "join", None, None)
+    # The order of joins is the order of the cycles that carry them, so this rank's zeros on a gradient lane
+    # wait for its join's cycle: a rank whose last lane step needed them joins in a later cycle, after it.
+    announced = threading.Event()
+    handle = submit(meta, "join", None, None, announced=announced)
+    if runtime.lanes.any_open():
+        while not announced.wait(ANNOUNCED_CHECK_S) and not poll(handle):
+            pass
     runtime.lanes.shadow_all()
     last = synchronize(handle)
     runtime.joins += 1

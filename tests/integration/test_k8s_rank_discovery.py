@@ -118,9 +118,11 @@ def torchrun_command(container: dict, args: list[str]) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", *args]
 
 
-def local_environment(pod_env: dict[str, str], marker: str) -> dict[str, str]:
+def local_environment(pod_env: dict[str, str], marker: str, tmp_path: Path) -> dict[str, str]:
+    """This process's environment as a pod would see it; temporary files (torchrun's log folders) go to
+    ``tmp_path``, not the machine's /tmp."""
     base = {name: value for name, value in os.environ.items() if not FOREIGN.fullmatch(name)}
-    return {**base, **pod_env, MARKER_VARIABLE: marker}
+    return {**base, **pod_env, MARKER_VARIABLE: marker, "TMPDIR": str(tmp_path)}
 
 
 def run_nodes(commands: list[tuple[list[str], dict[str, str]]], cwd: Path, marker: str) -> list[list[dict]]:
@@ -187,7 +189,7 @@ def test_indexed_job_pods_discover_their_ranks(tmp_path):
         assert args[master[0]] == f"--master-addr=probe-0.{service['metadata']['name']}"
         args[master[0]] = "--master-addr=127.0.0.1"
         args[master_port[0]] = f"--master-port={port}"
-        commands.append((torchrun_command(container, args), local_environment(pod_env, marker)))
+        commands.append((torchrun_command(container, args), local_environment(pod_env, marker, tmp_path)))
     check_reports(run_nodes(commands, tmp_path, marker))
 
 
@@ -225,7 +227,7 @@ def test_pytorchjob_pods_discover_their_ranks(tmp_path, elastic):
         assert container["name"] == "pytorch"
         assert not any(argument.startswith("--") for argument in container["args"])  # all from PET_*
         pod_env = {**container_env(container), **operator_environment(job, node_rank, port)}
-        commands.append((torchrun_command(container, container["args"]), local_environment(pod_env, marker)))
+        commands.append((torchrun_command(container, container["args"]), local_environment(pod_env, marker, tmp_path)))
     check_reports(run_nodes(commands, tmp_path, marker), node_rank_is_given=not elastic)
 
 
@@ -246,7 +248,7 @@ def test_two_pods_of_the_job_layout_train_the_example(tmp_path):
             args = ["--master-addr=127.0.0.1" if a.startswith("--master-addr=") else
                     f"--master-port={port}" if a.startswith("--master-port=") else a for a in args]
             processes.append(subprocess.Popen(torchrun_command(container, args), cwd=root, text=True,
-                                              env=local_environment(pod_env, marker), stdout=subprocess.PIPE,
+                                              env=local_environment(pod_env, marker, tmp_path), stdout=subprocess.PIPE,
                                               stderr=subprocess.PIPE, start_new_session=True))
         outputs = [process.communicate(timeout=TIMEOUT_S) for process in processes]
     finally:

@@ -148,6 +148,27 @@ def test_join_while_other_ranks_train_on_the_lane(rank, size):
     run_steps(optimizer, model, rank, 2, size, 1.0)
 
 
+def test_the_rank_whose_last_lane_step_needed_the_others_zeros_joins_last(rank, size):
+    """The order of joins follows what happened: a rank that still trained on the lane with the zeros of a
+    rank that had joined joined after it. Rounds rotate which rank trains longest; while the first join is
+    pending the engines keep cycling, so a joining rank's engine is often inside a cycle already."""
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                         named_parameters=model.named_parameters(), op=hvd.Sum)
+    run_steps(optimizer, model, rank, 1, size, 1.0)
+    assert optimizer._lane is not None
+    for round_ in range(2 * size):
+        position = (rank + round_) % size  # this rank trains ``position`` more steps before it joins
+        for step in range(position):
+            optimizer.zero_grad()
+            data, target = batch(rank, step)
+            nn.functional.cross_entropy(model(data), target).backward()
+            optimizer.synchronize()
+            with optimizer.skip_synchronize():
+                optimizer.step()
+        assert hvd.join() == (size - 1 - round_) % size, f"round {round_}"
+
+
 def test_a_rank_that_cannot_use_a_lane_keeps_everyone_negotiating(rank, size, monkeypatch):
     if rank == size - 1:
         monkeypatch.setenv("TORCHRING_GRADIENT_LANE", "0")

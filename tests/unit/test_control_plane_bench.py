@@ -50,12 +50,12 @@ def test_every_cycle_releases_every_request_at_each_size(gather_ranks):
     for size in (2, 8, 64):
         costs = simulate(size, requests=8, new_requests=3, cycles=3, gather_ranks=gather_ranks)
         assert costs.virtual_ranks == size
-        # the probe: status, epoch, one word of cache bits and its complement (8 requests: 8 slots)
+        # the probe: status, one word of cache bits and its complement (8 requests: 8 slots)
         assert costs.gathered == (gather_ranks and size >= gather_ranks)
-        assert costs.steady_bytes_per_rank == and_wire_bytes(4, size, through_root=costs.gathered)
+        assert costs.steady_bytes_per_rank == and_wire_bytes(3, size, through_root=costs.gathered)
         if costs.gathered:  # one slot to rank 0 and one reply slot back, whatever the size
-            assert costs.steady_bytes_per_rank == 2 * 4 * 8  # the words to rank 0, their AND back
-            assert costs.coordinator_steady_bytes == 2 * 4 * 8 * (size - 1)
+            assert costs.steady_bytes_per_rank == 2 * 3 * 8  # the words to rank 0, their AND back
+            assert costs.coordinator_steady_bytes == 2 * 3 * 8 * (size - 1)
             assert costs.new_request_bytes_per_rank == 2 * SLOT_BYTES
             assert costs.coordinator_new_request_bytes == 2 * (size - 1) * SLOT_BYTES
         else:

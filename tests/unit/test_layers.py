@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("runtime.observe",),
     ("runtime.coordination",),
     ("runtime.dataplane",),
-    ("runtime.engine",),
+    ("runtime.engine", "runtime.cycle_start"),
     ("runtime.context", "runtime.meeting"),
     ("runtime.submit",),
     # the public API

@@ -121,7 +121,7 @@ class VirtualRank:
 
     def announce(self, metas: Sequence[RequestMeta]) -> Announcement:
         cached, misses = self.cache.encode(metas)
-        return Announcement(misses, False, -1, "", cached, ())
+        return Announcement(misses, False, "", cached, ())
 
     def run_cycle(self, metas: Sequence[RequestMeta]) -> list[Response]:
         """One engine cycle: the responses released, as the fusion planner orders them."""

@@ -40,7 +40,7 @@ from .coordination.control import GlooControlChannel
 from .coordination.deadlock import Verdict
 from .coordination.engine_settings import EngineSettings
 from .coordination.topology import Topology
-from .coordination.wakeup import LocalWaker, StoreWaker, Waker
+from .coordination.wakeup import DeferredWake, LocalWaker, StoreWaker, Waker
 from .dataplane.cuda_groups import cuda_group
 from .dataplane.data_groups import DataGroups
 from .dataplane.executor import Executor
@@ -346,14 +346,15 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
                 raise ValueError(f"process set ranks {list(members)} must be ranks of this job (size {info.size})")
         process_set_ids = [table.add(members) for members in process_sets or []]
         clock.lap("process sets")
-        control = GlooControlChannel(control_group, info.rank, info.size)
         waker: Waker = LocalWaker()
         if info.size > 1:
             assert rendezvous.host is not None and rendezvous.port is not None
             waker = StoreWaker(rendezvous.host, rendezvous.port, f"{prefix}/wake/", rendezvous_timeout)
+        wake = DeferredWake(waker)
+        control = GlooControlChannel(control_group, info.rank, info.size, wake.await_work)
         clock.lap("waker")
         report_peer_failure = _peer_failure_reporter(environment, signed, info.rank)
-        engine = Engine(info.rank, info.size, control, Executor(table, info.rank), table, waker,
+        engine = Engine(info.rank, info.size, control, Executor(table, info.rank), table, wake,
                         engine_settings, report_peer_failure, skip_auto_name, _deadlock_reporter(environment, signed))
         timeline = _initial_timeline(info.rank, settings)
         if timeline is not None:

@@ -11,7 +11,8 @@ thread in launch order, so the engine negotiates the next requests while earlier
 (join, barrier and process-set changes first wait for everything launched before them).
 
 When a cycle brings nothing new from any rank the engines go idle together and block (no CPU) until
-some rank submits again or shuts down; that rank wakes the others through the store (``wakeup``).
+some rank submits again or shuts down; that rank owes the others a wake-up through the store, paid only
+when they do not join its next collective on their own within a fraction of a millisecond (``wakeup``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from .coordination.negotiation import Negotiator, RequestKey, Response
 from .coordination.response_cache import ResponseCache
 from .coordination.stall_inspector import StallInspector
 from .coordination.tuning import tuning_from
-from .coordination.wakeup import Waker
+from .coordination.wakeup import DeferredWake
+from .cycle_start import CycleStart
 from .dataplane.completion import Completer, Launched
 from .dataplane.executor import Executor
 from .dataplane.express import ExpressReducer
@@ -44,14 +46,12 @@ from .observe.thread_cpu import thread_cpu_seconds
 from .observe.timeline import NullTimeline, TimelineWriter
 from .requests import DATA_OPS, OpType, Request
 
-#: A burst of submissions counts as over once no request came for this long.
-BURST_SETTLE_S = 0.0002
 #: On a stop for everyone, how long launched collectives get to finish (one may wait for a rank that never joins).
 ABORT_FLUSH_S = 2.0
 
 
-class Engine:
-    """Runs collectives for one rank in a background thread."""
+class Engine(CycleStart):
+    """Runs collectives for one rank in a background thread (its waiting between cycles: ``CycleStart``)."""
 
     def __init__(
         self,
@@ -60,7 +60,7 @@ class Engine:
         control: ControlChannel,
         executor: Executor,
         process_sets: ProcessSetTable,
-        waker: Waker,
+        wake: DeferredWake,
         settings: EngineSettings,
         report_peer_failure: Callable[[str], None] | None = None,
         skip_name: Callable[[str, int], None] | None = None,
@@ -71,7 +71,8 @@ class Engine:
         self._control = control
         self.executor = executor
         self._process_sets = process_sets
-        self._waker = waker
+        #: Wakes idle peers when this rank leaves an idle epoch on its own and they do not follow (``wakeup``).
+        self._wake = wake
         self._settings = settings
         self._report_peer_failure = report_peer_failure
         #: Told (name, process set) of each response this rank is a member of but has no request for (it had
@@ -82,8 +83,10 @@ class Engine:
         self.response_cache = ResponseCache(settings.cache_capacity, rank)
         self._queue: list[Request] = []
         self._inflight: dict[RequestKey, Request] = {}
+        #: Requests whose submitter waits for the cycle that carries them (``submit``'s ``announced``).
+        self._announce_watch: dict[Request, threading.Event] = {}
         #: Reduces the data of express cycles (``coordination.express``) and holds the result for ``_perform``.
-        self._express = ExpressReducer(process_sets, self._inflight.get)
+        self._express = ExpressReducer(process_sets, self._inflight.get, wake.await_work)
         #: The cycle's exchange: a probe that settles the steady state, else the all-gather (``cycles``).
         self._cycles = CycleExchange(control, self._negotiator, self.response_cache, settings.control_probe,
                                      settings.control_gather_ranks,
@@ -137,13 +140,17 @@ class Engine:
         bookkeeping (not waiting; the completion thread's averaging and copies are data work)."""
         return thread_cpu_seconds(self._thread)
 
-    def submit(self, request: Request) -> None:
-        """Queue ``request``; raise at once for a duplicate name or a stopped engine."""
+    def submit(self, request: Request, announced: threading.Event | None = None) -> None:
+        """Queue ``request``; raise at once for a duplicate name or a stopped engine. ``announced`` is set once
+        a cycle that carried the request has completed (or the engine stopped): from then on every rank's
+        request of a later cycle is negotiated after it (``join()`` orders its lanes' zeros by it)."""
         key = request.key
         with self._lock:
             self._raise_if_stopped()
             if key in self._inflight:
                 raise ValueError(duplicate_message(key))
+            if announced is not None:
+                self._announce_watch[request] = announced
             self._inflight[key] = request
             self._queue.append(request)
             self.recorder.submitted_one(request)
@@ -207,12 +214,14 @@ class Engine:
                 if self._failure is not None:
                     raise self._failure
                 cached, misses = self.response_cache.encode([r.meta for r in new_requests])
-                announcement = Announcement(misses, shutting_down, self._woken_epoch, self._stall_abort, cached,
+                announcement = Announcement(misses, shutting_down, self._stall_abort, cached,
                                             self.deadlocks.announced(), launch_failures=tuple(self._launch_failures))
                 self._launch_failures.clear()
                 negotiation_started = time.perf_counter()
                 outcome = self._cycles.run(announcement, self.timeline)
                 announcements, responses = outcome.announcements, outcome.responses
+                if self._announce_watch:
+                    self._tell_announced(new_requests)
                 METRICS.phase("negotiation", time.perf_counter() - negotiation_started)
                 failed_launch = launch_failure_verdict(announcements)
                 if failed_launch:  # launched work waits for ranks that never join it: stop before launching more
@@ -248,20 +257,18 @@ class Engine:
                 # every rank's threads wait on requests no cycle moves (diverged, or a peer's data plane): pace all
                 self._everyone_blocked = empty and all(a.blocked for a in announcements)
                 idle = self._goes_idle()  # the same on every rank
-                if self.rank == 0:
-                    self._waker.forget_through(self._cycles.agreed_epoch)
         except BaseException as error:  # noqa: BLE001 - every failure must reach the waiting ranks
             self._failure = error
             note_peer_failure(self._report_peer_failure, f"collective failed: {error}")
             self._fail_all(HorovodInternalError(self._failure_text(error)))
             try:
-                self._waker.wake(epoch)
+                self._wake.waker.wake(epoch)
             except Exception:  # noqa: BLE001 - the store may be gone too; nothing left to wake
                 pass
         finally:
             self._completer.close()
             self._control.close()
-            self._waker.close()
+            self._wake.waker.close()
             self.timeline.close()
             self._stopped.set()
 
@@ -284,74 +291,6 @@ class Engine:
         if self._settings.idle_cycles <= 1:
             return not self._negotiator.pending
         return self._empty_cycles >= self._settings.idle_cycles
-
-    def _wait_for_cycle(self) -> tuple[list[Request], bool]:
-        """Wait for the next cycle, at most one cycle time after the last one started: at once for a request after a
-        quiet cycle; while requests keep coming, one cycle time apart (more share a negotiation and fused buffer)."""
-        # a rank with nothing of its own (the others wait for it), or every rank blocked, spaces its cycles
-        own_requests = bool(self._inflight or self._queue) and not self._everyone_blocked
-        deadline = self._cycle_started + self._settings.pace(self._empty_cycles, own_requests)
-        with self._cond:
-            self._wants_notify = not self._pacing
-            while not self._shutdown_requested and self._failure is None:
-                if self._queue and (not self._pacing or self._hurried):
-                    self._wants_notify = False
-                    self._let_burst_settle()
-                    break
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._cond.wait(remaining)
-            self._wants_notify = False
-            self._hurried = False
-            drained = self._drain()
-        self._pacing = bool(drained[0])
-        self._cycle_started = time.monotonic()
-        return drained
-
-    def _wait_while_idle(self, epoch: int) -> tuple[list[Request], bool]:
-        self._waker.listen(epoch, self._on_remote_wake)
-        with self._cond:
-            self._wants_notify = True
-            while (not self._queue and not self._shutdown_requested and not self._stall_abort
-                   and not self._launch_failures and self._woken_epoch < epoch and self._failure is None):
-                self._cond.wait(self._stalls.check_interval())
-                self._inspect_stalls()
-            self._wants_notify = False
-            woken_remotely = self._woken_epoch >= epoch
-        if not woken_remotely:
-            self._waker.wake(epoch)  # the peers first: their engines start while this rank's burst settles
-        with self._cond:
-            if self._queue:
-                self._let_burst_settle()
-            drained = self._drain()
-        self._pacing = False
-        self._cycle_started = time.monotonic()
-        return drained
-
-    def _let_burst_settle(self) -> None:
-        """With the lock held and a request queued after a quiet spell: while the user keeps submitting
-        (the queue grew within the last ``BURST_SETTLE_S``), wait a little longer, at most one cycle
-        time, so that one negotiation and one fused buffer carry the whole burst."""
-        deadline = time.monotonic() + self._settings.cycle_time_s
-        seen = len(self._queue)
-        self._settling = True
-        while not self._shutdown_requested and not self._hurried and time.monotonic() < deadline:
-            self._cond.wait(BURST_SETTLE_S)
-            if len(self._queue) == seen:
-                break
-            seen = len(self._queue)
-        self._settling = False
-        self._hurried = False
-
-    def _on_remote_wake(self, epoch: int) -> None:
-        with self._cond:
-            self._woken_epoch = max(self._woken_epoch, epoch)
-            self._cond.notify()
-
-    def _drain(self) -> tuple[list[Request], bool]:
-        drained, self._queue = self._queue, []
-        return drained, self._shutdown_requested
 
     def _perform(self, response: Response) -> None:
         if self.rank not in response.members and response.members:
@@ -484,11 +423,21 @@ class Engine:
         for request, result in finished:
             request.complete(result, error)
 
+    def _tell_announced(self, requests: list[Request]) -> None:
+        with self._lock:
+            for request in requests:
+                event = self._announce_watch.pop(request, None)
+                if event is not None:
+                    event.set()
+
     def _fail_all(self, error: BaseException) -> None:
         with self._cond:
             requests = list(self._inflight.values())
             self._inflight.clear()
             self._queue.clear()
+            watched, self._announce_watch = self._announce_watch, {}
+        for event in watched.values():
+            event.set()
         for request in requests:
             self.recorder.finished(request.key)
             request.complete(error=error)

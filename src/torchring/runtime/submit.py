@@ -136,15 +136,16 @@ def submission_batch() -> Iterator[None]:
 
 def submit(meta_for: MetaFactory, kind: str, name: str | None, buffer: torch.Tensor | None,
            finish: Callable[[Any], Any] = lambda result: result, process_set: int = 0,
-           full_name: str | None = None) -> int:
+           full_name: str | None = None, announced: threading.Event | None = None) -> int:
     """Queue one request to the engine (or to the open ``submission_batch``) and return its handle;
-    ``full_name`` is the negotiated name as it is (see ``make_request``)."""
+    ``full_name`` is the negotiated name as it is (see ``make_request``); ``announced``: see ``Engine.submit``
+    (not within a batch)."""
     request = make_request(meta_for, kind, name, buffer, process_set, full_name)
     pending = getattr(_batch, "requests", None)
-    if pending is not None:
+    if pending is not None and announced is None:
         pending.append(request)
     else:
-        context.current().engine.submit(request)
+        context.current().engine.submit(request, announced)
     return _table.add(request, finish)
 
 

@@ -114,10 +114,14 @@ class GlooControlChannel:
 
     SLOT_BYTES = SLOT_BYTES
 
-    def __init__(self, group: dist.ProcessGroup | None, rank: int, size: int) -> None:
+    def __init__(self, group: dist.ProcessGroup | None, rank: int, size: int,
+                 await_work: Callable[[dist.Work], None] = dist.Work.wait) -> None:
         self.group = group
         self.rank = rank
         self.size = size
+        #: Waits for each exchange's first collective (the engine's ``wakeup.DeferredWake`` wakes idle peers
+        #: from there); the rest of an exchange only starts once every rank is in it.
+        self._await_work = await_work
         self._slot = bytearray(self.SLOT_BYTES)
         self._gathered = bytearray(self.SLOT_BYTES * size)
         self._slot_tensor = torch.frombuffer(self._slot, dtype=torch.uint8)
@@ -204,7 +208,7 @@ class GlooControlChannel:
     def _gather(self, slot: torch.Tensor, gathered: torch.Tensor | None, width: int) -> None:
         assert self.group is not None
         outputs = [[gathered[r * width:(r + 1) * width] for r in range(self.size)]] if self.rank == 0 else []
-        self.group.gather(outputs, [slot], dist.GatherOptions()).wait()
+        self._await_work(self.group.gather(outputs, [slot], dist.GatherOptions()))
 
     def allreduce_and(self, words: list[int], through_root: bool = False) -> list[int]:
         """The bitwise AND over every rank of ``words``: one all-gather while every rank's words fit a slot,
@@ -222,7 +226,7 @@ class GlooControlChannel:
             return _and_of_rows(gathered, self.size).tolist()
         options = dist.AllreduceOptions()
         options.reduceOp = dist.ReduceOp.BAND
-        self.group.allreduce([tensor], options).wait()
+        self._await_work(self.group.allreduce([tensor], options))
         return tensor.tolist()
 
     def _and_through_root(self, tensor: torch.Tensor) -> list[int]:
@@ -242,4 +246,4 @@ class GlooControlChannel:
 
     def _allgather(self, output: torch.Tensor, slot: torch.Tensor) -> None:
         assert self.group is not None
-        self.group._allgather_base(output, slot).wait()
+        self._await_work(self.group._allgather_base(output, slot))

@@ -5,7 +5,6 @@ timeline's negotiation marks."""
 from __future__ import annotations
 
 import pickle
-from dataclasses import replace
 
 from ..observe.timeline import NullTimeline, TimelineWriter
 from .messages import Announcement
@@ -28,11 +27,9 @@ def summarize_announcements(payloads: list[bytes]) -> bytes:
 
     Ranks that announce the same requests with the same flags share one entry, so the reply grows with
     the number of distinct announcements (one in a job whose ranks agree), not with the number of ranks.
-    Two fields are not per rank in the reply: the wake-up epoch (every entry carries the smallest, the
-    only one the cycle uses) and the sequence numbers of a shared entry's requests (its lowest rank's:
+    The sequence numbers of a shared entry's requests are not per rank in the reply (its lowest rank's:
     they only order responses by their lowest submitting rank, which is always an entry's own)."""
     announcements = decode_announcements(payloads)
-    epoch = min(announcement.listened_epoch for announcement in announcements)
     index_of: dict[object, int] = {}
     distinct: list[Announcement] = []
     runs: list[list[int]] = []  # [entry index, number of consecutive ranks that sent it]
@@ -45,7 +42,7 @@ def summarize_announcements(payloads: list[bytes]) -> bytes:
         except TypeError:  # an unhashable field: this rank's announcement stands alone
             index = len(distinct)
         if index == len(distinct):
-            distinct.append(replace(announcement, listened_epoch=epoch))
+            distinct.append(announcement)
         if runs and runs[-1][0] == index:
             runs[-1][1] += 1
         else:

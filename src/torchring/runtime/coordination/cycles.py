@@ -11,8 +11,6 @@ where a ring allreduce of a few words takes ``2 (N - 1)`` steps one after anothe
 
 - a status word: 1 where this rank may settle (only cache bits: no new request, no shutdown, no stall
   abort, nothing blocked for the deadlock check, no joined rank, no timeline on rank 0);
-- the listened wake-up epoch as a thermometer code above the epoch all ranks agreed on last (the AND
-  gives the smallest step, so rank 0 can forget the wake-up keys every rank is done with);
 - the cache bits, and their complement (the AND of the complements tells which bits *any* rank set).
 
 When every status bit is set, the cycle is settled from the bits alone, on every rank alike: the bits
@@ -55,8 +53,6 @@ _WORD_BITS = 64
 _FULL = (1 << _WORD_BITS) - 1
 #: Seconds a rank keeps cache bits not every rank announced before it sends them in an all-gather.
 CARRY_LIMIT_S = 0.5
-#: The thermometer code holds at most this many epochs; a larger gap is reported as this one.
-_MAX_EPOCH_STEP = _WORD_BITS - 1
 
 
 @dataclass(frozen=True)
@@ -78,8 +74,8 @@ def _unsigned(word: int) -> int:
 
 
 class CycleExchange:
-    """One engine's side of the cycle exchange; its state (``probing``, ``agreed_epoch``) is the same on
-    every rank because it is derived only from what every rank received."""
+    """One engine's side of the cycle exchange; its state (``probing``) is the same on every rank because it
+    is derived only from what every rank received."""
 
     def __init__(self, channel: ControlChannel, negotiator: Negotiator, cache: ResponseCache,
                  probe: bool = True, gather_ranks: int = 0, express: ExpressReduce | None = None) -> None:
@@ -92,8 +88,6 @@ class CycleExchange:
         self._cache = cache
         #: Whether this cycle starts with the probe (the last one carried nothing but cache bits).
         self.probing = False
-        #: The wake-up epoch every rank has finished listening to (rank 0 forgets the keys up to it).
-        self.agreed_epoch = -1
         #: Cycles settled by the probe, probes that fell back to the all-gather, all-gathers.
         self.settled_cycles = 0
         self.failed_probes = 0
@@ -147,23 +141,19 @@ class CycleExchange:
         # when the table is empty.
         self.probing = (self._probe_enabled and all(a.settle for a in announcements)
                         and not self._negotiator.pending)
-        self.agreed_epoch = max(self.agreed_epoch, min(a.listened_epoch for a in announcements))
         return CycleOutcome(announcements, responses, settled=False)
 
     def _probe(self, announcement: Announcement, timeline: TimelineWriter | NullTimeline) -> CycleOutcome | None:
         words = -(-self._cache.slot_span // _WORD_BITS)
         mask = int.from_bytes(announcement.cached, "little")
-        step = min(_MAX_EPOCH_STEP, max(0, announcement.listened_epoch - self.agreed_epoch))
         chunks = [(mask >> (_WORD_BITS * i)) & _FULL for i in range(words)]
-        vector = [int(announcement.settle), (1 << step) - 1, *map(_signed, chunks),
-                  *(_signed(~chunk & _FULL) for chunk in chunks)]
+        vector = [int(announcement.settle), *map(_signed, chunks), *(_signed(~chunk & _FULL) for chunk in chunks)]
         result = self._channel.allreduce_and(vector, through_root=self.gathered)
-        status, epochs, every, nobody = result[0], _unsigned(result[1]), result[2:2 + words], result[2 + words:]
+        status, every, nobody = result[0], result[1:1 + words], result[1 + words:]
         common = sum(_unsigned(w) << (_WORD_BITS * i) for i, w in enumerate(every))
         anyone = sum((~_unsigned(w) & _FULL) << (_WORD_BITS * i) for i, w in enumerate(nobody))
         if status != 1:
             return None
-        self.agreed_epoch += epochs.bit_length()  # the AND of thermometer codes is the smallest one
         return self._settle(mask, common, anyone, timeline, None)
 
     def _express(self, announcement: Announcement, slot: int, response: Response,
@@ -190,5 +180,5 @@ class CycleExchange:
         responses = negotiate_common(mask_to_bytes(common), self._negotiator, self._cache, timeline)
         if self._express_reduce is not None:
             self._plan.after_settled(responses, common, express_hit)
-        stand_in = Announcement((), False, self.agreed_epoch, "", mask_to_bytes(anyone), (), True)
+        stand_in = Announcement((), False, "", mask_to_bytes(anyone), (), True)
         return CycleOutcome([stand_in], responses, settled=True)

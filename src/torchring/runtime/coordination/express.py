@@ -19,8 +19,7 @@ derived only from what every rank saw, so all ranks call the same collectives; a
 between two ``R``, a rank that has not submitted ``R`` yet) costs ``R``'s bytes for nothing, so cycles
 go express only for allreduces of the global process set on CPU tensors up to ``MAX_BYTES`` whose
 dtype counts the flags exactly, with at most ``MAX_SLOTS`` cache bits; after ``MISSES_MAX`` express
-cycles in a row that released nothing, probes settle until an allreduce is released again, and after
-``RUN_MAX`` express cycles in a row one probe runs (it carries the wake-up epochs, ``cycles``).
+cycles in a row that released nothing, probes settle until an allreduce is released again.
 """
 
 from __future__ import annotations
@@ -38,8 +37,6 @@ __all__ = ["ExpressPlan", "ExpressReduce", "ExpressVote", "expressible", "read_v
 
 #: Times in a row the same allreduce followed the last one released before cycles go express (``ExpressPlan``).
 STREAK = 2
-#: Express cycles in a row before one probe.
-RUN_MAX = 32
 #: Express cycles in a row that released nothing (some rank had not submitted yet) before probes take over
 #: until an allreduce is released again.
 MISSES_MAX = 2
@@ -115,13 +112,12 @@ class ExpressPlan:
         self._last = -1
         #: slot → (the slot released alone after it, how many times in a row).
         self._successor: dict[int, tuple[int, int]] = {}
-        self._run = 0
         self._misses = 0
 
     def predicted(self) -> tuple[int, Response] | None:
         """The cache slot and response that carry the next cycle, or None (the probe runs)."""
         slot, streak = self._successor.get(self._last, (-1, 0))
-        if (streak < STREAK or self._run >= RUN_MAX or self._misses >= MISSES_MAX
+        if (streak < STREAK or self._misses >= MISSES_MAX
                 or self._cache.slot_span > MAX_SLOTS):
             return None
         response = self._cache.whole(slot)
@@ -132,10 +128,7 @@ class ExpressPlan:
     def after_settled(self, released: list[Response], common: int, express: bool | None) -> None:
         """Note a cycle settled by the probe (``express`` None) or by an express cycle (whether it released the
         allreduce that carried it); ``common``: the cache bits every rank announced."""
-        if express is None:
-            self._run = 0
-        else:
-            self._run += 1
+        if express is not None:
             self._misses = 0 if released else self._misses + 1  # a miss: a cycle that waited for some rank
         if not released:
             return
@@ -165,4 +158,4 @@ class ExpressPlan:
     def after_exchange(self) -> None:
         """A cycle went out in the all-gather: follow the releases again from the next settled cycle on."""
         self._last = -1
-        self._run = self._misses = 0
+        self._misses = 0

@@ -17,8 +17,6 @@ class Announcement:
 
     metas: tuple[RequestMeta, ...]
     shutting_down: bool
-    #: The last idle epoch this rank's wake-up listener has finished with (its key may then go).
-    listened_epoch: int = -1
     #: Set by rank 0 when requests stalled past the shutdown time: every rank stops with this text.
     stall_abort: str = ""
     #: Requests found in the response cache, one bit per cache slot (see ``response_cache``).

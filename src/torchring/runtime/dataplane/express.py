@@ -8,6 +8,7 @@ import math
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
 
 from ..coordination.express import ExpressVote, read_vote, vote_flags
 from ..coordination.negotiation import RequestKey, Response
@@ -24,11 +25,14 @@ _FLAG_TENSORS_KEPT = 64
 
 class ExpressReducer:
     """Runs express cycles' allreduces on the global set's CPU group and keeps a result until the engine
-    releases its response. ``find_request(key)``: this rank's queued request under ``key``, if any."""
+    releases its response. ``find_request(key)``: this rank's queued request under ``key``, if any;
+    ``await_work``: how the engine waits for a cycle's collective (``wakeup.DeferredWake``)."""
 
-    def __init__(self, process_sets: ProcessSetTable, find_request: Callable[[RequestKey], Request | None]) -> None:
+    def __init__(self, process_sets: ProcessSetTable, find_request: Callable[[RequestKey], Request | None],
+                 await_work: Callable[[dist.Work], None] = dist.Work.wait) -> None:
         self._process_sets = process_sets
         self._find_request = find_request
+        self._await_work = await_work
         self._result: tuple[RequestKey, Request, torch.Tensor] | None = None
         self._flag_tensors: dict[tuple[int, torch.dtype, bool, int, int], torch.Tensor] = {}
 
@@ -48,7 +52,7 @@ class ExpressReducer:
         group = self._process_sets.groups(0).for_device("cpu", size)
         launched = start_allreduce(buffer, Scaling.of(meta), group, size, scaled_numel=numel)
         if launched.work is not None:
-            launched.work.wait()
+            self._await_work(launched.work)
         vote = read_vote(meta.reduce_op, size, buffer[numel:].tolist(), span)
         if vote.settle and vote.common >> slot & 1:
             launched.finish()  # averages and postscales the tensor's part only

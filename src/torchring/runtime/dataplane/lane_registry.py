@@ -73,6 +73,11 @@ class LaneRegistry:
             self._lanes.append(lane)
         return lane
 
+    def any_open(self) -> bool:
+        """Whether a lane is open (``join()`` then orders its zeros after its own join's cycle)."""
+        with self._lock:
+            return bool(self._lanes)
+
     def shadow_all(self) -> None:
         """For ``join()``: take part with zeros in every open lane until all ranks have joined. Lanes
         run concurrently, each on its own group, since training ranks step their optimizers in any order."""

@@ -81,6 +81,52 @@ def test_remote_rank_ends_its_rank_when_the_launcher_goes_silent():
     process.stdin.close()
 
 
+def _gone(pid: int) -> bool:
+    return not os.path.exists(f"/proc/{pid}") or (process_state(pid) or "Z")[0] == "Z"
+
+
+def test_a_rank_is_ended_when_its_launcher_vanished_with_pings_still_queued(tmp_path):
+    """An SSH client killed just after it sent the spec and a few pings: the supervisor starts the rank,
+    then its answer to a queued ping fails on the closed channel. That must end the rank (the thread that
+    wrote the answer, and the one watching for silence, once died of the broken pipe and left it running)."""
+    pid_file = tmp_path / "rank.pid"
+    process = _remote_rank(["sh", "-c", f"echo $$ > {pid_file}; exec sleep 300"], link_timeout_s=2.0, probe=False)
+    process.stdin.write(b"ping\nping\nping\n")
+    process.stdin.flush()
+    process.stderr.close()  # the channel's reader is gone: every write of the supervisor fails
+    process.stdout.close()
+    process.stdin.close()
+    _await(lambda: pid_file.exists() and pid_file.read_text().strip())
+    rank = int(pid_file.read_text())
+    assert process.wait(timeout=15) == 128 + signal.SIGTERM
+    _await(lambda: _gone(rank), timeout=5)
+
+
+def test_a_rank_is_ended_when_the_session_that_started_its_supervisor_ended(tmp_path):
+    """The supervisor's parent (the SSH session) is gone while its stdin stays open and the launcher set no
+    link timeout: the parent's end alone ends the rank."""
+    pid_file = tmp_path / "rank.pid"
+    spec = {"command": ["sh", "-c", f"echo $$ > {pid_file}; exec sleep 300"], "env": dict(os.environ),
+            "cwd": os.getcwd(), "link_timeout_s": None, "probe": False}
+    read_end, write_end = os.pipe()
+    os.write(write_end, (json.dumps(spec) + "\n").encode())
+    # a short-lived parent: it starts the supervisor (stdin inherited: the pipe), waits for the rank to run
+    # and exits
+    starter = ("import os, subprocess, sys, time; print(subprocess.Popen([sys.executable, '-m', "
+               "'torchring.launch.spawn.remote_rank'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid)\n"
+               f"while not os.path.exists({str(pid_file)!r}): time.sleep(0.02)")
+    session = subprocess.Popen([sys.executable, "-c", starter], stdin=read_end, stdout=subprocess.PIPE, text=True)
+    supervisor = int(session.stdout.read().strip())
+    session.wait(timeout=10)
+    os.close(read_end)
+    try:
+        _await(lambda: pid_file.exists() and pid_file.read_text().strip())
+        rank = int(pid_file.read_text())
+        _await(lambda: _gone(supervisor) and _gone(rank), timeout=10)
+    finally:
+        os.close(write_end)
+
+
 def test_the_launcher_kills_the_client_of_a_host_that_went_silent_and_says_why():
     lost = threading.Event()
     # answers once, then never again (its host was cut off)

@@ -180,9 +180,11 @@ VARIABLES: tuple[Variable, ...] = (
          "seconds every rank must wait for collectives no rank can complete before the job is declared "
          "deadlocked (ranks diverged); 0: never (rank 0's value applies)"),
     _own("IDLE_AFTER_MS", _number, 0.0, "milliseconds engines keep cycling without work before blocking"),
-    _own("WAIT_SPIN_US", _non_negative, 1500.0,
+    _own("WAIT_SPIN_US", _non_negative, None,
          "microseconds a blocking wait on tensors of up to 64 KB (synchronize, a blocking collective, a barrier) "
-         "polls for its result before it sleeps, while the host has a CPU for each of its ranks; 0: sleep at once"),
+         "polls for its result before it sleeps, while the host has a CPU for each of its ranks; 0: sleep at "
+         "once; unset: 1500 where this host wakes a sleeping thread 30 µs late or more (measured at init), "
+         "else 0"),
     _own("GC_FREEZE", _flag, True,
          "at init(), gc.freeze() the objects alive then (imports, model, data), so that Python's full garbage "
          "collections stop walking them again (each walk took ~90 ms per process here); 0: leave the collector "
@@ -267,7 +269,7 @@ class Settings:
     cuda_backend: str = "nccl"
     deadlock_timeout: float = 5.0
     idle_after_ms: float = 0.0
-    wait_spin_us: float = 1500.0
+    wait_spin_us: float | None = None
     gc_freeze: bool = True
     gil_switch_interval_ms: float | None = None
     metrics_port: int | None = None

@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
      "rank_failure", "settings", "compat"),
     ("environments",),
     ("metrics",),
-    ("runtime", "runtime.requests"),
+    ("runtime", "runtime.requests", "runtime.wake_probe"),
     ("runtime.observe",),
     ("runtime.coordination",),
     ("runtime.dataplane",),

@@ -1,5 +1,6 @@
 """Blocking waits poll for their result for ``TORCHRING_WAIT_SPIN_US`` before they sleep, only while the
-host has a CPU for each of its ranks (``context.wait_spin_seconds``)."""
+host has a CPU for each of its ranks (``context.wait_spin_seconds``); unset, only where this host wakes
+sleeping threads slowly (``wake_probe``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 
 import torch
 
+from torchring.runtime import wake_probe
 from torchring.runtime.context import wait_spin_seconds
 from torchring.runtime.requests import OpType, Request, RequestMeta
 from torchring.settings import Settings
@@ -43,3 +45,22 @@ def test_waits_poll_only_while_the_host_has_a_cpu_for_each_rank() -> None:
     assert wait_spin_seconds(settings, cpus) == 0.0015
     assert wait_spin_seconds(settings, cpus + 1) == 0.0
     assert wait_spin_seconds(Settings(wait_spin_us=0.0), 1) == 0.0
+
+
+def test_unset_the_poll_follows_how_late_this_host_wakes_a_sleeping_thread(monkeypatch) -> None:
+    assert Settings.from_env({}).wait_spin_us is None
+    monkeypatch.setattr(wake_probe, "thread_wakeup_seconds", lambda: 60e-6)  # a host whose idle CPUs halt
+    assert wait_spin_seconds(Settings(), 1) == wake_probe.AUTO_SPIN_S
+    assert wait_spin_seconds(Settings(wait_spin_us=0.0), 1) == 0.0  # a value given is used as it is
+    monkeypatch.setattr(wake_probe, "thread_wakeup_seconds", lambda: 5e-6)
+    assert wait_spin_seconds(Settings(), 1) == 0.0
+    assert wait_spin_seconds(Settings(wait_spin_us=800.0), 1) == 800.0 * 1e-6
+
+
+def test_the_wake_up_probe_measures_a_real_hand_off_once_per_process() -> None:
+    wake_probe.thread_wakeup_seconds.cache_clear()
+    started = time.perf_counter()
+    delay = wake_probe.thread_wakeup_seconds()
+    assert 0.0 < delay < 0.05
+    assert time.perf_counter() - started >= 12 * 0.001  # it paused before each of its hand-offs
+    assert wake_probe.thread_wakeup_seconds() == delay  # measured once

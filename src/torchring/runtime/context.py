@@ -60,6 +60,7 @@ from .startup import (
     one_start_up,
     store_client,
 )
+from .wake_probe import default_spin_seconds
 
 logger = logging.getLogger("torchring")
 
@@ -180,10 +181,15 @@ def _apply_gil_switch_interval(settings: Settings) -> None:
 
 
 def wait_spin_seconds(settings: Settings, local_size: int) -> float:
-    """How long a blocking wait polls for its result (``TORCHRING_WAIT_SPIN_US``): only while this host has a
-    CPU for each of its ranks (more ranks than CPUs: polling would take the CPU from a rank that works)."""
+    """How long a blocking wait polls for its result: ``TORCHRING_WAIT_SPIN_US`` when set, else 1.5 ms where
+    this host wakes sleeping threads slowly and 0 elsewhere (``wake_probe``); only while this host has a CPU
+    for each of its ranks (more ranks than CPUs: polling would take the CPU from a rank that works)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return settings.wait_spin_us * 1e-6 if local_size <= cpus else 0.0
+    if local_size > cpus:
+        return 0.0
+    if settings.wait_spin_us is not None:
+        return settings.wait_spin_us * 1e-6
+    return default_spin_seconds()
 
 
 def _shared_engine_values(settings: Settings) -> tuple[int, ...]:

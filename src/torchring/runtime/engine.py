@@ -173,6 +173,11 @@ class Engine(CycleStart):
             if self._wants_notify:
                 self._cond.notify()
 
+    @property
+    def inflight_count(self) -> int:
+        """How many of this rank's requests are submitted and not finished."""
+        return len(self._inflight)
+
     def hurry(self) -> None:
         """A user thread is about to block on a result: start the next cycle now instead of waiting for
         more submissions (cheap when the engine is not waiting for any)."""

@@ -24,6 +24,9 @@ SUPPORTED_DTYPES = frozenset({
 
 #: A blocking wait polls for its result first (``TORCHRING_WAIT_SPIN_US``) only for tensors up to this size.
 SPIN_MAX_BYTES = 64 * 1024
+#: ... and only while the engine has at most this many requests in flight: with more (a burst of ``*_async``
+#: calls), it has negotiating and fusing to do, and a polling thread would take the CPU and the GIL from it.
+SPIN_MAX_INFLIGHT = 8
 
 
 class Completion(Protocol):
@@ -212,7 +215,7 @@ def _wait_announced(completion: Completion) -> None:
     runtime.engine.hurry()
     requests = [completion] if isinstance(completion, Request) else \
         [h for h in completion.handles if isinstance(h, Request)] if isinstance(completion, GroupHandle) else []
-    spin = runtime.wait_spin_s if runtime.wait_spin_s and all(
+    spin = runtime.wait_spin_s if runtime.wait_spin_s and runtime.engine.inflight_count <= SPIN_MAX_INFLIGHT and all(
         request.buffer is None or request.buffer.nbytes <= SPIN_MAX_BYTES for request in requests) else 0.0
     spin_deadline = time.perf_counter() + spin
     for request in requests:

@@ -7,11 +7,13 @@ from __future__ import annotations
 import io
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 from torchring.launch.sampling.proc_info import process_state
 from torchring.launch.sampling.stack_probe import probe_all
@@ -81,48 +83,64 @@ def test_remote_rank_ends_its_rank_when_the_launcher_goes_silent():
     process.stdin.close()
 
 
-def _gone(pid: int) -> bool:
-    return not os.path.exists(f"/proc/{pid}") or (process_state(pid) or "Z")[0] == "Z"
+def _unique_sleep() -> str:
+    """A ``sleep`` argument no other process has: its command line finds the rank (see ``_running``)."""
+    return f"{300 + random.random():.9f}"
 
 
-def test_a_rank_is_ended_when_its_launcher_vanished_with_pings_still_queued(tmp_path):
+def _running(argument: str) -> list[int]:
+    """The live processes (not zombies) with ``argument`` on their command line."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if argument.encode() in (entry / "cmdline").read_bytes().split(b"\0") and \
+                    (process_state(int(entry.name)) or "Z")[0] != "Z":
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_a_rank_is_ended_when_its_launcher_vanished_with_pings_still_queued():
     """An SSH client killed just after it sent the spec and a few pings: the supervisor starts the rank,
     then its answer to a queued ping fails on the closed channel. That must end the rank (the thread that
     wrote the answer, and the one watching for silence, once died of the broken pipe and left it running)."""
-    pid_file = tmp_path / "rank.pid"
-    process = _remote_rank(["sh", "-c", f"echo $$ > {pid_file}; exec sleep 300"], link_timeout_s=2.0, probe=False)
+    duration = _unique_sleep()
+    process = _remote_rank(["sleep", duration], link_timeout_s=30.0, probe=False)
     process.stdin.write(b"ping\nping\nping\n")
     process.stdin.flush()
     process.stderr.close()  # the channel's reader is gone: every write of the supervisor fails
     process.stdout.close()
     process.stdin.close()
-    _await(lambda: pid_file.exists() and pid_file.read_text().strip())
-    rank = int(pid_file.read_text())
+    # the rank may be ended before or after it got to run; either way it ends with the supervisor, well
+    # before the 30 s link timeout
     assert process.wait(timeout=15) == 128 + signal.SIGTERM
-    _await(lambda: _gone(rank), timeout=5)
+    _await(lambda: not _running(duration), timeout=5)
 
 
-def test_a_rank_is_ended_when_the_session_that_started_its_supervisor_ended(tmp_path):
+def test_a_rank_is_ended_when_the_session_that_started_its_supervisor_ended():
     """The supervisor's parent (the SSH session) is gone while its stdin stays open and the launcher set no
     link timeout: the parent's end alone ends the rank."""
-    pid_file = tmp_path / "rank.pid"
-    spec = {"command": ["sh", "-c", f"echo $$ > {pid_file}; exec sleep 300"], "env": dict(os.environ),
-            "cwd": os.getcwd(), "link_timeout_s": None, "probe": False}
+    duration = _unique_sleep()
+    spec = {"command": ["sleep", duration], "env": dict(os.environ), "cwd": os.getcwd(), "link_timeout_s": None,
+            "probe": False}
     read_end, write_end = os.pipe()
     os.write(write_end, (json.dumps(spec) + "\n").encode())
-    # a short-lived parent: it starts the supervisor (stdin inherited: the pipe), waits for the rank to run
-    # and exits
-    starter = ("import os, subprocess, sys, time; print(subprocess.Popen([sys.executable, '-m', "
-               "'torchring.launch.spawn.remote_rank'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid)\n"
-               f"while not os.path.exists({str(pid_file)!r}): time.sleep(0.02)")
+    # the session: it starts the supervisor (stdin inherited: the pipe) and is killed once the rank runs
+    starter = ("import subprocess, sys, time\n"
+               "print(subprocess.Popen([sys.executable, '-m', 'torchring.launch.spawn.remote_rank'], "
+               "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid, flush=True)\n"
+               "time.sleep(300)")
     session = subprocess.Popen([sys.executable, "-c", starter], stdin=read_end, stdout=subprocess.PIPE, text=True)
-    supervisor = int(session.stdout.read().strip())
-    session.wait(timeout=10)
     os.close(read_end)
     try:
-        _await(lambda: pid_file.exists() and pid_file.read_text().strip())
-        rank = int(pid_file.read_text())
-        _await(lambda: _gone(supervisor) and _gone(rank), timeout=10)
+        supervisor = int(session.stdout.readline().strip())
+        _await(lambda: _running(duration), timeout=30)
+        session.kill()
+        session.wait(timeout=10)
+        _await(lambda: not _running(duration) and (process_state(supervisor) or "Z")[0] == "Z", timeout=10)
     finally:
         os.close(write_end)
 

@@ -69,6 +69,9 @@ class _Channel:
         self._lock = threading.Lock()
         self._closed = False
         self._ending = threading.Lock()
+        #: Clear while a watcher is saying why it ended the rank (the exit waits for the line, briefly).
+        self._said = threading.Event()
+        self._said.set()
 
     def write_line(self, line: bytes) -> bool:
         """Write one line to the launcher; False once the channel is closed (the rank is then being ended)."""
@@ -129,9 +132,16 @@ class _Channel:
                 reason = f"no word from the launcher for {self.link_timeout_s:g} s (cut off)"
             else:
                 continue
+            self._said.clear()
             self.end_rank_soon(LOST_GRACE_S)  # first: saying why may block on a channel nobody reads
             self.write_line(f"torchring: {reason}; stopping the rank\n".encode())
+            self._said.set()
             return
+
+    def wait_for_last_words(self, timeout_s: float = 1.0) -> None:
+        """Before this process exits: let a watcher finish saying why it ended the rank (at most
+        ``timeout_s``: the channel may be full and unread)."""
+        self._said.wait(timeout_s)
 
     def end_rank_soon(self, grace_s: float) -> None:
         """``end_rank`` on a thread of its own, so that the caller (a relay, a watcher) goes on."""
@@ -211,6 +221,7 @@ def _supervise(spec: dict[str, Any], env: dict[str, str], cwd: str | None, files
     returncode = process.wait()
     _signal_group(process.pid, signal.SIGKILL)  # whatever the rank left behind (DataLoader workers, ...)
     relay.join(timeout=5)
+    channel.wait_for_last_words()
     _clean_up(spec.get("cleanup") or [], env)
     return 128 + (-returncode) if returncode < 0 else returncode
 

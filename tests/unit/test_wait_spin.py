@@ -47,20 +47,25 @@ def test_waits_poll_only_while_the_host_has_a_cpu_for_each_rank() -> None:
     assert wait_spin_seconds(Settings(wait_spin_us=0.0), 1) == 0.0
 
 
-def test_unset_the_poll_follows_how_late_this_host_wakes_a_sleeping_thread(monkeypatch) -> None:
+def test_unset_the_poll_follows_how_late_this_host_wakes_a_sleeping_thread() -> None:
     assert Settings.from_env({}).wait_spin_us is None
-    monkeypatch.setattr(wake_probe, "thread_wakeup_seconds", lambda: 60e-6)  # a host whose idle CPUs halt
-    assert wait_spin_seconds(Settings(), 1) == wake_probe.AUTO_SPIN_S
+    assert wait_spin_seconds(Settings(), 1) is None  # decided by the probe init() starts
     assert wait_spin_seconds(Settings(wait_spin_us=0.0), 1) == 0.0  # a value given is used as it is
-    monkeypatch.setattr(wake_probe, "thread_wakeup_seconds", lambda: 5e-6)
-    assert wait_spin_seconds(Settings(), 1) == 0.0
     assert wait_spin_seconds(Settings(wait_spin_us=800.0), 1) == 800.0 * 1e-6
+    assert wait_spin_seconds(Settings(), len(os.sched_getaffinity(0)) + 1) == 0.0
+    assert wake_probe.spin_for(60e-6) == wake_probe.AUTO_SPIN_S  # a host whose idle CPUs halt
+    assert wake_probe.spin_for(5e-6) == 0.0
 
 
-def test_the_wake_up_probe_measures_a_real_hand_off_once_per_process() -> None:
-    wake_probe.thread_wakeup_seconds.cache_clear()
+def test_the_wake_up_probe_measures_a_real_hand_off_and_init_runs_it_on_a_thread_of_its_own() -> None:
     started = time.perf_counter()
     delay = wake_probe.thread_wakeup_seconds()
     assert 0.0 < delay < 0.05
     assert time.perf_counter() - started >= 12 * 0.001  # it paused before each of its hand-offs
-    assert wake_probe.thread_wakeup_seconds() == delay  # measured once
+    wake_probe.start()
+    wake_probe.start()  # once per process
+    deadline = time.monotonic() + 10
+    while wake_probe.measured_wakeup_seconds() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert wake_probe.auto_spin_seconds() == wake_probe.spin_for(wake_probe.measured_wakeup_seconds())

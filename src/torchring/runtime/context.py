@@ -36,6 +36,7 @@ from ..metrics.counters import METRICS
 from ..rank_failure import install_excepthook
 from ..settings import Settings
 from ..store_auth import AuthenticatedStore, job_credentials
+from . import wake_probe
 from .coordination.control import GlooControlChannel
 from .coordination.deadlock import Verdict
 from .coordination.engine_settings import EngineSettings
@@ -60,7 +61,6 @@ from .startup import (
     one_start_up,
     store_client,
 )
-from .wake_probe import default_spin_seconds
 
 logger = logging.getLogger("torchring")
 
@@ -94,8 +94,9 @@ class Runtime:
     init_seconds: dict[str, float] = field(default_factory=dict)
     #: ``join()`` calls that returned (every rank joined): the same on every rank, which step counts may not be.
     joins: int = 0
-    #: Seconds a blocking wait polls for its result before it sleeps (``wait_spin_seconds``).
-    wait_spin_s: float = 0.0
+    #: Seconds a blocking wait polls for its result before it sleeps (``wait_spin_seconds``; None: as
+    #: ``wake_probe.auto_spin_seconds`` says).
+    wait_spin_s: float | None = 0.0
 
 
 _lock = threading.RLock()
@@ -180,16 +181,18 @@ def _apply_gil_switch_interval(settings: Settings) -> None:
         sys.setswitchinterval(given / 1000.0)
 
 
-def wait_spin_seconds(settings: Settings, local_size: int) -> float:
-    """How long a blocking wait polls for its result: ``TORCHRING_WAIT_SPIN_US`` when set, else 1.5 ms where
-    this host wakes sleeping threads slowly and 0 elsewhere (``wake_probe``); only while this host has a CPU
-    for each of its ranks (more ranks than CPUs: polling would take the CPU from a rank that works)."""
+def wait_spin_seconds(settings: Settings, local_size: int) -> float | None:
+    """How long a blocking wait polls for its result: ``TORCHRING_WAIT_SPIN_US`` when set; None (left unset)
+    for ``wake_probe.auto_spin_seconds``, 1.5 ms where this host wakes sleeping threads slowly, else 0 (the
+    probe is started here); 0 while this host has fewer CPUs than ranks (polling would take the CPU from a
+    rank that works)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     if local_size > cpus:
         return 0.0
     if settings.wait_spin_us is not None:
         return settings.wait_spin_us * 1e-6
-    return default_spin_seconds()
+    wake_probe.start()
+    return None
 
 
 def _shared_engine_values(settings: Settings) -> tuple[int, ...]:

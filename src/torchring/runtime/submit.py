@@ -16,6 +16,7 @@ from .coordination.deadlock import BLOCKED_AFTER_S, call_site
 from .devices import note_cuda_device
 from .names import auto_name
 from .requests import Handle, Request, RequestMeta
+from .wake_probe import auto_spin_seconds
 
 SUPPORTED_DTYPES = frozenset({
     torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
@@ -215,7 +216,8 @@ def _wait_announced(completion: Completion) -> None:
     runtime.engine.hurry()
     requests = [completion] if isinstance(completion, Request) else \
         [h for h in completion.handles if isinstance(h, Request)] if isinstance(completion, GroupHandle) else []
-    spin = runtime.wait_spin_s if runtime.wait_spin_s and runtime.engine.inflight_count <= SPIN_MAX_INFLIGHT and all(
+    spin_s = runtime.wait_spin_s if runtime.wait_spin_s is not None else auto_spin_seconds()
+    spin = spin_s if spin_s and runtime.engine.inflight_count <= SPIN_MAX_INFLIGHT and all(
         request.buffer is None or request.buffer.nbytes <= SPIN_MAX_BYTES for request in requests) else 0.0
     spin_deadline = time.perf_counter() + spin
     for request in requests:

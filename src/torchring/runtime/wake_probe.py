@@ -5,12 +5,12 @@ Where an idle CPU halts (some virtual machines), waking a sleeping thread costs 
 small collective's result (which usually comes within a millisecond) saves that on every blocking
 operation. Where a wake-up costs a few microseconds, polling saves nothing and its thread competes with the
 engine's for the interpreter lock: on such a machine a blocking 4 KB allreduce took 1.0-1.4 ms with the poll
-and 0.8-1.0 ms without. The probe takes about 15 ms, once per process, at ``init()``.
+and 0.8-1.0 ms without. The probe takes about 15 ms, once per process, on a thread of its own that
+``init()`` starts; until it is done, waits do not poll.
 """
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 
@@ -24,7 +24,6 @@ _SAMPLES = 12
 _PAUSE_S = 0.001
 
 
-@functools.lru_cache(maxsize=1)
 def thread_wakeup_seconds() -> float:
     """The lower quartile of the delays between releasing a lock and the thread blocked on it running (a
     low quantile: the cost every wake-up pays, not the noise of a busy host)."""
@@ -51,7 +50,39 @@ def thread_wakeup_seconds() -> float:
     return sorted(delays)[len(delays) // 4]
 
 
-def default_spin_seconds() -> float:
-    """How long blocking waits poll when ``TORCHRING_WAIT_SPIN_US`` is not set: ``AUTO_SPIN_S`` where this
-    host wakes threads slowly, else 0."""
-    return AUTO_SPIN_S if thread_wakeup_seconds() >= SLOW_WAKEUP_S else 0.0
+def spin_for(wakeup_s: float) -> float:
+    """How long blocking waits poll on a host that wakes a sleeping thread ``wakeup_s`` late."""
+    return AUTO_SPIN_S if wakeup_s >= SLOW_WAKEUP_S else 0.0
+
+
+_auto_spin_s = 0.0
+_wakeup_s: float | None = None
+_start_lock = threading.Lock()
+_started = False
+
+
+def start() -> None:
+    """Measure in a thread of its own, once per process, so that ``init()`` does not wait for it."""
+    global _started
+    with _start_lock:
+        if _started:
+            return
+        _started = True
+    threading.Thread(target=_measure, name="torchring-wake-probe", daemon=True).start()
+
+
+def _measure() -> None:
+    global _auto_spin_s, _wakeup_s
+    _wakeup_s = thread_wakeup_seconds()
+    _auto_spin_s = spin_for(_wakeup_s)
+
+
+def measured_wakeup_seconds() -> float | None:
+    """What ``start``'s measurement found (None until it is done)."""
+    return _wakeup_s
+
+
+def auto_spin_seconds() -> float:
+    """How long blocking waits poll when ``TORCHRING_WAIT_SPIN_US`` is not set: 0 until ``start``'s
+    measurement is done, then ``spin_for`` its result."""
+    return _auto_spin_s

@@ -7,14 +7,14 @@ from __future__ import annotations
 import io
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
+import uuid
 
+from tests.integration.jobs import MARKER_VARIABLE, processes_with_marker
 from torchring.launch.sampling.proc_info import process_state
 from torchring.launch.sampling.stack_probe import probe_all
 from torchring.launch.spawn.output import OutputRelay
@@ -28,11 +28,12 @@ RANK = ("import sys, time\n"
         "waiting_for_data()\n")
 
 
-def _remote_rank(command: list[str], link_timeout_s: float | None, probe: bool) -> subprocess.Popen:
+def _remote_rank(command: list[str], link_timeout_s: float | None, probe: bool,
+                 env: dict[str, str] | None = None) -> subprocess.Popen:
     process = subprocess.Popen([sys.executable, "-m", "torchring.launch.spawn.remote_rank"], stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    spec = {"command": command, "env": dict(os.environ), "cwd": os.getcwd(), "link_timeout_s": link_timeout_s,
-            "probe": probe}
+    spec = {"command": command, "env": {**os.environ, **(env or {})}, "cwd": os.getcwd(),
+            "link_timeout_s": link_timeout_s, "probe": probe}
     process.stdin.write((json.dumps(spec) + "\n").encode())
     process.stdin.flush()
     return process
@@ -83,32 +84,12 @@ def test_remote_rank_ends_its_rank_when_the_launcher_goes_silent():
     process.stdin.close()
 
 
-def _unique_sleep() -> str:
-    """A ``sleep`` argument no other process has: its command line finds the rank (see ``_running``)."""
-    return f"{300 + random.random():.9f}"
-
-
-def _running(argument: str) -> list[int]:
-    """The live processes (not zombies) with ``argument`` on their command line."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if argument.encode() in (entry / "cmdline").read_bytes().split(b"\0") and \
-                    (process_state(int(entry.name)) or "Z")[0] != "Z":
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
-
-
 def test_a_rank_is_ended_when_its_launcher_vanished_with_pings_still_queued():
     """An SSH client killed just after it sent the spec and a few pings: the supervisor starts the rank,
     then its answer to a queued ping fails on the closed channel. That must end the rank (the thread that
     wrote the answer, and the one watching for silence, once died of the broken pipe and left it running)."""
-    duration = _unique_sleep()
-    process = _remote_rank(["sleep", duration], link_timeout_s=30.0, probe=False)
+    marker = uuid.uuid4().hex  # in the rank's environment only: it finds the rank
+    process = _remote_rank(["sleep", "300"], link_timeout_s=30.0, probe=False, env={MARKER_VARIABLE: marker})
     process.stdin.write(b"ping\nping\nping\n")
     process.stdin.flush()
     process.stderr.close()  # the channel's reader is gone: every write of the supervisor fails
@@ -117,15 +98,15 @@ def test_a_rank_is_ended_when_its_launcher_vanished_with_pings_still_queued():
     # the rank may be ended before or after it got to run; either way it ends with the supervisor, well
     # before the 30 s link timeout
     assert process.wait(timeout=15) == 128 + signal.SIGTERM
-    _await(lambda: not _running(duration), timeout=5)
+    _await(lambda: not processes_with_marker(marker), timeout=5)
 
 
 def test_a_rank_is_ended_when_the_session_that_started_its_supervisor_ended():
     """The supervisor's parent (the SSH session) is gone while its stdin stays open and the launcher set no
     link timeout: the parent's end alone ends the rank."""
-    duration = _unique_sleep()
-    spec = {"command": ["sleep", duration], "env": dict(os.environ), "cwd": os.getcwd(), "link_timeout_s": None,
-            "probe": False}
+    marker = uuid.uuid4().hex  # in the rank's environment only: it finds the rank
+    spec = {"command": ["sleep", "300"], "env": {**os.environ, MARKER_VARIABLE: marker}, "cwd": os.getcwd(),
+            "link_timeout_s": None, "probe": False}
     read_end, write_end = os.pipe()
     os.write(write_end, (json.dumps(spec) + "\n").encode())
     # the session: it starts the supervisor (stdin inherited: the pipe) and is killed once the rank runs
@@ -137,10 +118,11 @@ def test_a_rank_is_ended_when_the_session_that_started_its_supervisor_ended():
     os.close(read_end)
     try:
         supervisor = int(session.stdout.readline().strip())
-        _await(lambda: _running(duration), timeout=30)
+        _await(lambda: processes_with_marker(marker), timeout=30)
         session.kill()
         session.wait(timeout=10)
-        _await(lambda: not _running(duration) and (process_state(supervisor) or "Z")[0] == "Z", timeout=10)
+        _await(lambda: not processes_with_marker(marker) and (process_state(supervisor) or "Z")[0] == "Z",
+               timeout=10)
     finally:
         os.close(write_end)
 

@@ -144,3 +144,32 @@ def test_a_rank_that_joins_in_an_express_loop_counts_as_zeros(rank, size):
     for _ in range(3):  # the last rank has joined: it takes part with zeros
         assert hvd.allreduce(torch.ones(3), name="express.join", op=hvd.Sum).tolist() == [size - 1] * 3
     hvd.join()
+
+
+def _burst(rank, step, count=12, late=False):
+    """``count`` in-place allreduces started together then waited for; ``late``: this rank pauses halfway."""
+    tensors = [torch.full((4 + i % 3,), float(rank * 100 + step + i)) for i in range(count)]
+    handles = []
+    for i, tensor in enumerate(tensors):
+        if late and i == count // 2:
+            time.sleep(0.02)  # the others' cycles run with half of this rank's burst, then with the rest
+        handles.append(hvd.allreduce_async_(tensor, name=f"express.burst.{i}", op=hvd.Sum))
+    return [hvd.synchronize(handle) for handle in handles]
+
+
+def test_a_loop_of_the_same_burst_goes_express_with_exact_results_even_when_a_rank_is_late(rank, size):
+    before = _exchange().express_hits
+    for step in range(16):
+        results = _burst(rank, step, late=rank == step % size and step % 4 == 3)
+        for i, result in enumerate(results):
+            expected = float(sum(r * 100 + step + i for r in range(size)))
+            assert torch.equal(result, torch.full((4 + i % 3,), expected)), (step, i, result)
+    assert _exchange().express_hits > before
+
+
+def test_a_burst_of_mixed_dtypes_is_not_carried_and_keeps_its_results(rank, size):
+    for step in range(8):
+        handles = [hvd.allreduce_async(torch.full((3,), float(rank + step), dtype=dtype), name=f"express.mixed.{i}",
+                                       op=hvd.Sum) for i, dtype in enumerate([torch.float32, torch.float64] * 2)]
+        for handle in handles:
+            assert hvd.synchronize(handle).tolist() == [float(sum(range(size)) + size * step)] * 3

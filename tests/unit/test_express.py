@@ -67,8 +67,9 @@ class _ExpressRank(_Rank):
         super().__init__(board, rank)
         self.exchange = CycleExchange(self.channel, self.negotiator, self.cache, express=self._express)
 
-    def _express(self, response: Response, slot: int, settle: bool, mask: int, span: int) -> ExpressVote:
-        self.channel.collectives.append(f"express:{response.name}")
+    def _express(self, responses: list[Response], slots: tuple[int, ...], settle: bool, mask: int,
+                 span: int) -> ExpressVote:
+        self.channel.collectives.append(f"express:{'+'.join(response.name for response in responses)}")
         flags = self.channel._collect(vote_flags(ReduceOp.SUM, settle, mask, span))
         return read_vote(ReduceOp.SUM, SIZE, [float(sum(column)) for column in zip(*flags, strict=True)], span)
 
@@ -126,3 +127,46 @@ def test_cycles_that_release_nothing_stop_the_express_until_the_next_release():
     # two express cycles that released nothing, then probes until 'a' is released; then express again
     assert ranks[0].channel.collectives[5:] == ["express:a", "express:a", "express:a", "probe", "probe", "probe",
                                                 "express:a"]
+
+
+def test_a_loop_of_the_same_burst_goes_express_with_the_whole_burst():
+    burst = [["a", "b", "c"]] * SIZE
+    released, ranks = _run([burst] * 8)
+    assert all(sorted(names) == ["a", "b", "c"] for cycle in released for names in cycle)
+    for rank in ranks:
+        assert rank.channel.collectives == ["allgather", "allgather", "probe", "probe", "probe",
+                                            *["express:a+b+c"] * 3]
+        assert rank.exchange.express_hits == 3
+
+
+def test_a_rank_that_submitted_part_of_the_burst_gets_that_part_now_and_the_rest_with_the_others_next():
+    burst = [["a", "b", "c"]] * SIZE
+    part, rest = [["a", "b", "c"]] * (SIZE - 1) + [["a"]], [[]] * (SIZE - 1) + [["b", "c"]]
+    released, ranks = _run([burst] * 6 + [part, rest, burst])
+    assert released[6] == [["a"]] * SIZE
+    assert all(sorted(names) == ["b", "c"] for names in released[7])
+    assert all(sorted(names) == ["a", "b", "c"] for names in released[8])
+    for rank in ranks:
+        # the partial cycle is settled by the burst's allreduce too; then probes until the burst repeats
+        assert rank.channel.collectives[5:] == ["express:a+b+c", "express:a+b+c", "probe", "probe"]
+        assert not rank.exchange.bits_kept
+
+
+def test_allreduces_that_one_allreduce_cannot_reduce_together_carry_no_cycle():
+    assert express.carries_together([_response(), _response(shape=(8,))], SIZE)
+    assert not express.carries_together([_response(), _response(dtype="float64")], SIZE)
+    assert not express.carries_together([_response(), _response(reduce_op=int(ReduceOp.MAX))], SIZE)
+    assert not express.carries_together([], SIZE)
+    most = express.MAX_BYTES // 4  # float32 elements of the largest tensor
+    count = express.MAX_CARRIER_BYTES // express.MAX_BYTES
+    assert express.carries_together([_response(shape=(most,))] * count, SIZE)
+    assert not express.carries_together([_response(shape=(most,))] * count + [_response(shape=(1,))], SIZE)
+
+
+def test_a_loop_with_one_other_release_per_pass_keeps_going_express():
+    every_pass = [[["a"]] * SIZE] * 4 + [[["z"]] * SIZE]
+    released, ranks = _run(every_pass * 6)
+    assert [cycle[0] for cycle in released] == [["a"], ["a"], ["a"], ["a"], ["z"]] * 6
+    for rank in ranks:
+        # once the streaks are learnt no cycle takes the probe: z after the fourth a is an exception to a's pattern
+        assert rank.channel.collectives[-10:] == ["express:a"] * 10, rank.channel.collectives

@@ -358,8 +358,20 @@ class Engine(CycleStart):
             self._finish(request, result=result)
 
     def _perform_fused(self, batch: list[Response]) -> None:
-        """One allreduce for several tensors (every member has a request for each of them)."""
+        """One allreduce for several tensors (every member has a request for each of them); those an express
+        cycle reduced already are finished from its results (the same on every rank)."""
         if self.rank not in batch[0].members:
+            return
+        held = [self._express.holds(response.key) for response in batch]
+        if any(held) and not all(held):
+            for response, reduced in zip(batch, held, strict=True):
+                if reduced:
+                    self._perform(response)
+            rest = [response for response, reduced in zip(batch, held, strict=True) if not reduced]
+            if len(rest) == 1:
+                self._perform(rest[0])
+            else:
+                self._perform_fused(rest)
             return
         with self._cond:
             requests = [self._inflight[response.key] for response in batch]
@@ -371,7 +383,8 @@ class Engine(CycleStart):
                 timeline.op_start(response.name, response.op_type.value)
         try:
             refuse_after_failed_launch(self._launch_failures)
-            launched = self.executor.launch_fused(batch, requests, timeline, response_backend_activity(batch[0]))
+            launched = (self._express.take_all([response.key for response in batch], list(requests))
+                        or self.executor.launch_fused(batch, requests, timeline, response_backend_activity(batch[0])))
         except Exception as error:  # noqa: BLE001 - fail these requests; the next cycle tells the others
             self._launch_failures.extend(failure_of(response, error) for response in batch)
             launched = Launched.failed(error)

@@ -24,7 +24,7 @@ same announcement goes out in the all-gather in the same cycle. Whether the next
 decided from what every rank saw, so all ranks call the same collectives. A cycle with new requests
 costs the all-gather only (the probe is skipped after a cycle that had some), so a loop of uncached
 blocking operations pays no extra round trip. A loop that repeats one small cached allreduce has its
-probe and data collective merged into one (``express``).
+probe and data collective merged into one, and so does a loop of the same burst of them (``express``).
 """
 
 from __future__ import annotations
@@ -156,15 +156,15 @@ class CycleExchange:
             return None
         return self._settle(mask, common, anyone, timeline, None)
 
-    def _express(self, announcement: Announcement, slot: int, response: Response,
+    def _express(self, announcement: Announcement, slots: tuple[int, ...], responses: list[Response],
                  timeline: TimelineWriter | NullTimeline) -> CycleOutcome | None:
-        """The probe carried by ``response``'s allreduce (``express``); None: the all-gather follows."""
+        """The probe carried by the allreduce of ``responses`` (``express``); None: the all-gather follows."""
         mask = int.from_bytes(announcement.cached, "little")
-        vote = self._express_reduce(response, slot, announcement.settle, mask,  # type: ignore[misc]
+        vote = self._express_reduce(responses, slots, announcement.settle, mask,  # type: ignore[misc]
                                     self._cache.slot_span)
         if not vote.settle:
             return None
-        hit = bool(vote.common >> slot & 1)
+        hit = all(vote.common >> slot & 1 for slot in slots)
         self.express_cycles += 1
         self.express_hits += hit
         return self._settle(mask, vote.common, vote.anyone, timeline, hit)

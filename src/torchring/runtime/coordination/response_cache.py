@@ -47,6 +47,8 @@ class ResponseCache:
         self._whole: dict[int, Response] = {}
         self.hits = 0
         self.misses = 0
+        #: Entries evicted so far: a slot holds the same response until this changes.
+        self.evictions = 0
 
     @property
     def enabled(self) -> bool:
@@ -138,6 +140,7 @@ class ResponseCache:
         return slot
 
     def _evict(self, slot: int) -> None:
+        self.evictions += 1
         key = self._entries.pop(slot)
         del self._by_rank[slot]
         self._whole.pop(slot, None)

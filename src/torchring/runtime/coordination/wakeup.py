@@ -190,18 +190,20 @@ class DeferredWake:
         """This engine left idle ``epoch`` on its own: its next collective pays the wake-up if it must."""
         self._owed = epoch
 
-    def await_work(self, work: dist.Work) -> None:
+    def await_work(self, work: dist.Work, longer_s: float = 0.0) -> None:
         """Wait for ``work``, a collective every rank calls; first, while a wake-up is owed, poll it for
-        ``grace_s`` and wake the peers if it has not completed by then."""
+        ``grace_s`` (plus ``longer_s``: a collective that moves data takes that long with every rank in it)
+        and wake the peers if it has not completed by then."""
         epoch, self._owed = self._owed, None
-        if epoch is None or self._completes_within_grace(work):
+        if epoch is None or self._completes_within(work, self._grace_s + longer_s):
             work.wait()
             return
         self.waker.wake(epoch)
         work.wait()
 
-    def _completes_within_grace(self, work: dist.Work) -> bool:
-        deadline = time.monotonic() + self._grace_s
+    @staticmethod
+    def _completes_within(work: dist.Work, grace_s: float) -> bool:
+        deadline = time.monotonic() + grace_s
         while not work.is_completed():
             if time.monotonic() >= deadline:
                 return False

@@ -173,3 +173,22 @@ def test_a_burst_of_mixed_dtypes_is_not_carried_and_keeps_its_results(rank, size
                                        op=hvd.Sum) for i, dtype in enumerate([torch.float32, torch.float64] * 2)]
         for handle in handles:
             assert hvd.synchronize(handle).tolist() == [float(sum(range(size)) + size * step)] * 3
+
+
+def test_a_mismatch_in_the_middle_of_a_burst_loop_fails_that_allreduce_on_every_rank_and_the_loop_resumes(rank, size):
+    for step in range(6):
+        _burst(rank, step)
+    odd = rank == size - 1
+    tensors = [torch.ones(4 + i % 3 + (odd and i == 5)) for i in range(12)]
+    handles = [hvd.allreduce_async_(tensor, name=f"express.burst.{i}", op=hvd.Sum) for i, tensor in enumerate(tensors)]
+    for i, handle in enumerate(handles):
+        if i == 5:
+            with pytest.raises(hvd.HorovodInternalError, match="express.burst.5"):
+                hvd.synchronize(handle)
+        else:
+            assert torch.equal(hvd.synchronize(handle), torch.full((4 + i % 3,), float(size)))
+    before = _exchange().express_hits
+    for step in range(10):
+        results = _burst(rank, step)
+        assert torch.equal(results[0], torch.full((4,), float(sum(r * 100 + step for r in range(size)))))
+    assert _exchange().express_hits > before

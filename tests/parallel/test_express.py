@@ -167,6 +167,17 @@ def test_a_loop_of_the_same_burst_goes_express_with_exact_results_even_when_a_ra
     assert _exchange().express_hits > before
 
 
+def test_a_loop_of_an_averaged_and_scaled_burst_goes_express_with_the_scaling_on_the_tensors_only(rank, size):
+    before = _exchange().express_hits
+    for step in range(10):
+        handles = [hvd.allreduce_async(torch.full((3,), float(rank + i + step)), name=f"express.avg.{i}",
+                                       op=hvd.Average, prescale_factor=2.0, postscale_factor=0.5) for i in range(8)]
+        for i, handle in enumerate(handles):
+            expected = sum(r + i + step for r in range(size)) / size
+            assert torch.allclose(hvd.synchronize(handle), torch.full((3,), expected)), (step, i)
+    assert _exchange().express_hits > before
+
+
 def test_a_burst_of_mixed_dtypes_is_not_carried_and_keeps_its_results(rank, size):
     for step in range(8):
         handles = [hvd.allreduce_async(torch.full((3,), float(rank + step), dtype=dtype), name=f"express.mixed.{i}",

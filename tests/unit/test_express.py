@@ -157,10 +157,9 @@ def test_allreduces_that_one_allreduce_cannot_reduce_together_carry_no_cycle():
     assert not express.carries_together([_response(), _response(dtype="float64")], SIZE)
     assert not express.carries_together([_response(), _response(reduce_op=int(ReduceOp.MAX))], SIZE)
     assert not express.carries_together([], SIZE)
-    most = express.MAX_BYTES // 4  # float32 elements of the largest tensor
-    count = express.MAX_CARRIER_BYTES // express.MAX_BYTES
-    assert express.carries_together([_response(shape=(most,))] * count, SIZE)
-    assert not express.carries_together([_response(shape=(most,))] * count + [_response(shape=(1,))], SIZE)
+    quarter = express.MAX_BYTES // 16  # float32 elements in a quarter of the limit
+    assert express.carries_together([_response(shape=(quarter,))] * 4, SIZE)
+    assert not express.carries_together([_response(shape=(quarter,))] * 4 + [_response(shape=(1,))], SIZE)
 
 
 def test_a_loop_with_one_other_release_per_pass_keeps_going_express():

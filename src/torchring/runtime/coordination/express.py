@@ -19,8 +19,8 @@ the probe (or sends the same announcement in the all-gather when a status bit is
 allreduces whose bit every rank set is released already reduced, with no second collective. The prediction
 is derived only from what every rank saw, so all ranks call the same collectives; a wrong one (a barrier
 between two ``R``, a rank that has not submitted ``R`` yet) costs ``R``'s bytes for nothing, so cycles go
-express only for allreduces of the global process set on CPU tensors up to ``MAX_BYTES`` each (a carrier of
-several: one dtype, reduction and scaling, up to ``MAX_CARRIER_BYTES`` together) whose dtype counts the flags
+express only for allreduces of the global process set on CPU tensors up to ``MAX_BYTES`` (a carrier of
+several: one dtype, reduction and scaling, up to ``MAX_BYTES`` together) whose dtype counts the flags
 exactly, with at most ``MAX_SLOTS`` cache bits; after ``MISSES_MAX`` express cycles in a row that released
 nothing, probes settle until an allreduce is released again.
 """
@@ -45,12 +45,10 @@ _STREAK_MOST = 4
 #: Express cycles in a row that released nothing (some rank had not submitted yet) before probes take over
 #: until an allreduce is released again.
 MISSES_MAX = 2
-#: The largest tensor (bytes) an express cycle carries: a miss sends it for nothing, and a carrier is copied
-#: in and out of the collective's buffer (a larger lone allreduce, reduced in place, gained nothing here).
-MAX_BYTES = 64 * 1024
-#: The most bytes the allreduces of one carrier take together (200 × 4 KB, a burst, is 800 KB: several are
-#: copied through a fusion buffer anyway).
-MAX_CARRIER_BYTES = 1024 * 1024
+#: The most bytes an express cycle carries (one allreduce, or several together: 200 × 4 KB, a burst, is 800 KB):
+#: a miss sends them for nothing. A lone 800 KB allreduce between barriers took 1.4-2.1 ms express against
+#: 2.1-2.9 ms probed and reduced in place (8 alternating pairs at 2 ranks), copies in and out included.
+MAX_BYTES = 1024 * 1024
 #: The most cache bits an express cycle carries (two flags each).
 MAX_SLOTS = 256
 #: The most releases ``ExpressPlan`` remembers (it forgets them all beyond: a loop learns its own again).
@@ -97,14 +95,14 @@ def _nbytes(response: Response) -> int:
 
 def carries_together(responses: list[Response], size: int) -> bool:
     """Whether these allreduces may carry express cycles together: each is ``expressible`` and they share
-    one dtype, reduction and scaling (one allreduce reduces them all), up to ``MAX_CARRIER_BYTES`` together."""
+    one dtype, reduction and scaling (one allreduce reduces them all), up to ``MAX_BYTES`` together."""
     if not responses or not all(expressible(response, size) for response in responses):
         return False
     first = responses[0].template
     kind = (first.dtype, first.reduce_op, first.prescale_factor, first.postscale_factor)
     return (all((m.dtype, m.reduce_op, m.prescale_factor, m.postscale_factor) == kind
                 for m in (response.template for response in responses[1:]))
-            and sum(map(_nbytes, responses)) <= MAX_CARRIER_BYTES)
+            and sum(map(_nbytes, responses)) <= MAX_BYTES)
 
 
 def vote_flags(reduce_op: int, settle: bool, mask: int, span: int) -> list[int]:

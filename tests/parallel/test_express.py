@@ -169,9 +169,11 @@ def test_a_loop_of_the_same_burst_goes_express_with_exact_results_even_when_a_ra
 
 def test_a_loop_of_an_averaged_and_scaled_burst_goes_express_with_the_scaling_on_the_tensors_only(rank, size):
     before = _exchange().express_hits
-    for step in range(10):
-        handles = [hvd.allreduce_async(torch.full((3,), float(rank + i + step)), name=f"express.avg.{i}",
-                                       op=hvd.Average, prescale_factor=2.0, postscale_factor=0.5) for i in range(8)]
+    for step in range(16):
+        # the tensors exist before the burst starts (making one lets the engine run a cycle in the middle)
+        tensors = [torch.full((3,), float(rank + i + step)) for i in range(8)]
+        handles = [hvd.allreduce_async(tensor, name=f"express.avg.{i}", op=hvd.Average, prescale_factor=2.0,
+                                       postscale_factor=0.5) for i, tensor in enumerate(tensors)]
         for i, handle in enumerate(handles):
             expected = sum(r + i + step for r in range(size)) / size
             assert torch.allclose(hvd.synchronize(handle), torch.full((3,), expected)), (step, i)
@@ -199,7 +201,7 @@ def test_a_mismatch_in_the_middle_of_a_burst_loop_fails_that_allreduce_on_every_
         else:
             assert torch.equal(hvd.synchronize(handle), torch.full((4 + i % 3,), float(size)))
     before = _exchange().express_hits
-    for step in range(10):
+    for step in range(16):
         results = _burst(rank, step)
         assert torch.equal(results[0], torch.full((4,), float(sum(r * 100 + step for r in range(size)))))
     assert _exchange().express_hits > before

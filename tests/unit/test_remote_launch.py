@@ -160,3 +160,14 @@ def test_the_host_probe_runs_as_a_module_and_reports_the_store_and_the_interface
     assert report["launcher_address"] == "127.0.0.1" and report["store_reachable"] is True
     assert report["interface"] == "lo" and report["torchring"] and report["cpus"] >= 1
     assert torch_line == "torch not imported"
+
+
+def test_the_launchers_own_versions_are_read_as_the_hosts_read_theirs_without_importing_torch():
+    code = ("import sys; from torchring.launch.spawn.preflight import local_versions; "
+            "print(*local_versions()); print('torch imported' if 'torch' in sys.modules else 'torch not imported'); "
+            "import torch, torchring, platform; print(platform.python_version(), torch.__version__, "
+            "torchring.__version__)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    versions, torch_line, imported = result.stdout.strip().splitlines()
+    assert torch_line == "torch not imported"
+    assert versions == imported

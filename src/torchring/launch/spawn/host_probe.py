@@ -23,8 +23,9 @@ from ...network import interface_of, route_source
 from .containers import host_has_nvidia_gpus
 
 
-def _installed_version(module: str) -> tuple[str | None, str | None]:
-    """The installed version of ``module`` and None, or None and why it cannot be told."""
+def installed_version(module: str) -> tuple[str | None, str | None]:
+    """The installed version of ``module`` and None, or None and why it cannot be told: the version its
+    distribution declares (without importing it), or its ``__version__`` where no distribution is installed."""
     try:
         try:
             return metadata.version(module), None
@@ -39,7 +40,7 @@ def host_report(store_port: int, timeout_s: float, store_address: str) -> dict[s
     report: dict[str, Any] = {"python": platform.python_version(), "hostname": socket.gethostname(),
                               "cpus": os.cpu_count() or 1}
     for module in ("torch", "torchring"):
-        report[module], error = _installed_version(module)
+        report[module], error = installed_version(module)
         if error is not None:
             report[module + "_error"] = error
     try:

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 
 from ...network import address_of
 from ...version import __version__
+from .host_probe import installed_version
 from .ssh import HostReport, SshOptions, preflight_problems, probe_hosts
 
 
@@ -17,10 +18,13 @@ class PreflightError(RuntimeError):
 
 
 def local_versions() -> tuple[str, str, str]:
-    """This host's Python, torch and torchring versions, which every remote host must match."""
-    import torch  # here, not with the module: the launcher loads torch only once it needs it
-
-    return platform.python_version(), torch.__version__, __version__
+    """This host's Python, torch and torchring versions, which every remote host must match; torch's is read
+    as the hosts read theirs (``host_probe``), without importing torch, which costs the launcher seconds of CPU
+    on a busy machine."""
+    torch_version, error = installed_version("torch")
+    if torch_version is None:
+        raise PreflightError(f"torch is not usable on this machine ({error}): install it before launching")
+    return platform.python_version(), torch_version, __version__
 
 
 def store_address(network_interfaces: Sequence[str]) -> str:

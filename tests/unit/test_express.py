@@ -169,3 +169,24 @@ def test_a_loop_with_one_other_release_per_pass_keeps_going_express():
     for rank in ranks:
         # once the streaks are learnt no cycle takes the probe: z after the fourth a is an exception to a's pattern
         assert rank.channel.collectives[-10:] == ["express:a"] * 10, rank.channel.collectives
+
+
+def test_a_loop_whose_ranks_never_arrive_together_stays_with_the_probe():
+    """Each pass, one rank submits a cycle after the others: an express cycle would miss every other cycle,
+    sending its carrier for nothing, so the plan never goes express (it did before, missing half its cycles)."""
+    ahead, behind = [["a"]] * (SIZE - 1) + [[]], [[]] * (SIZE - 1) + [["a"]]
+    released, ranks = _run([[["a"]] * SIZE] * 2 + [ahead, behind] * 8)
+    assert [cycle[0] for cycle in released[2:]] == [[], ["a"]] * 8
+    for rank in ranks:
+        assert not any(name.startswith("express") for name in rank.channel.collectives), rank.channel.collectives
+        assert rank.exchange.express_cycles == 0
+
+
+def test_a_loop_that_falls_out_of_step_for_a_while_goes_express_again_once_its_ranks_arrive_together():
+    every = [["a"]] * SIZE
+    ahead, behind = [["a"]] * (SIZE - 1) + [[]], [[]] * (SIZE - 1) + [["a"]]
+    released, ranks = _run([every] * 6 + [ahead, behind] * 4 + [every] * 6)
+    assert all(names == ["a"] for cycle in released[-6:] for names in cycle)
+    for rank in ranks:
+        assert rank.channel.collectives[-2:] == ["express:a"] * 2, rank.channel.collectives
+        assert "probe" in rank.channel.collectives[11:]  # out of step, the probe took over

@@ -179,6 +179,6 @@ class CycleExchange:
         self._kept, self.bits_kept = kept, anyone != common
         responses = negotiate_common(mask_to_bytes(common), self._negotiator, self._cache, timeline)
         if self._express_reduce is not None:
-            self._plan.after_settled(responses, common, express_hit)
+            self._plan.after_settled(responses, common, anyone, express_hit)
         stand_in = Announcement((), False, "", mask_to_bytes(anyone), (), True)
         return CycleOutcome([stand_in], responses, settled=True)

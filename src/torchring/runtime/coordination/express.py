@@ -128,10 +128,13 @@ class ExpressPlan:
 
     It follows what settled cycles release, as the cache bits every rank set (cycles that release nothing do
     not count): when the release after the last one, ``X``, has been the same ``Y`` ``STREAK`` times in a
-    row, the cycle after ``X`` goes express with ``Y``'s allreduces when they may carry it (a loop of one
-    allreduce or of one burst; two in turn; a barrier and a burst in turn, where the barrier's cycles take the
-    probe). Each streak counts down on another successor instead of starting again, so that a loop's
-    exception (ten allreduces, then a barrier) does not cost the next pass through the loop its streak."""
+    row, each time with every rank's bits in the first cycle, the cycle after ``X`` goes express with ``Y``'s
+    allreduces when they may carry it (a loop of one allreduce or of one burst; two in turn; a barrier and a
+    burst in turn, where the barrier's cycles take the probe). Each streak counts down on another successor
+    instead of starting again, so that a loop's exception (ten allreduces, then a barrier) does not cost the
+    next pass through the loop its streak. ``Y`` after an express cycle that missed it (some rank had not
+    submitted yet) counts the streak down too, and ``Y`` after a probe that waited for some rank leaves it as
+    it is, so that ranks that seldom arrive together leave the cycles to the probe."""
 
     def __init__(self, cache: ResponseCache, negotiator: Negotiator, size: int) -> None:
         self._cache = cache
@@ -145,6 +148,10 @@ class ExpressPlan:
         self._carriers: dict[int, tuple[tuple[int, ...], list[Response]] | None] = {}
         self._evictions = cache.evictions
         self._misses = 0
+        #: Since the last release, a settled cycle in which some rank announced bits not every rank had, and
+        #: an express cycle that released nothing.
+        self._waited = False
+        self._missed = False
 
     def predicted(self) -> tuple[tuple[int, ...], list[Response]] | None:
         """The cache slots and responses that carry the next cycle, or None (the probe runs)."""
@@ -157,24 +164,33 @@ class ExpressPlan:
             return None
         return carrier
 
-    def after_settled(self, released: list[Response], common: int, express: bool | None) -> None:
+    def after_settled(self, released: list[Response], common: int, anyone: int, express: bool | None) -> None:
         """Note a cycle settled by the probe (``express`` None) or by an express cycle (whether it released
-        every allreduce that carried it); ``common``: the cache bits every rank announced."""
+        every allreduce that carried it); ``common``: the cache bits every rank announced, ``anyone``: those
+        any rank announced (more: some rank was ahead of the others)."""
+        self._waited = self._waited or anyone != common
         if not released:
             if express is not None:
                 self._misses += 1  # a miss: a cycle that waited for some rank
+                self._missed = True
             return
         self._misses = 0
+        waited, missed, self._waited, self._missed = self._waited, self._missed, False, False
         if self._last:
             if len(self._successor) >= _REMEMBERED and self._last not in self._successor:
                 self._successor.clear()
             successor, streak = self._successor.get(self._last, (0, 0))
-            if successor == common:
-                streak = min(streak + 1, _STREAK_MOST)
+            if successor == common and missed:
+                # the same release, but an express cycle missed it (some rank had not submitted yet): ranks
+                # that seldom arrive together (many on few cores, stragglers) leave their cycles to the probe
+                streak = max(streak - 1, 0)
+            elif successor == common:
+                # after a probe that waited for some rank the streak stays: an express cycle would have missed
+                streak = streak if waited else min(streak + 1, _STREAK_MOST)
             elif streak > 1:  # an exception to the pattern (a loop's last allreduce, then a barrier) keeps it
                 streak -= 1
             else:
-                successor, streak = common, 1
+                successor, streak = common, int(not waited)
             self._successor[self._last] = (successor, streak)
         self._last = common
 
@@ -200,3 +216,5 @@ class ExpressPlan:
         """A cycle went out in the all-gather: follow the releases again from the next settled cycle on."""
         self._last = 0
         self._misses = 0
+        self._waited = False
+        self._missed = False

@@ -22,7 +22,8 @@ between two ``R``, a rank that has not submitted ``R`` yet) costs ``R``'s bytes 
 express only for allreduces of the global process set on CPU tensors up to ``MAX_BYTES`` (a carrier of
 several: one dtype, reduction and scaling, up to ``MAX_BYTES`` together) whose dtype counts the flags
 exactly, with at most ``MAX_SLOTS`` cache bits; after ``MISSES_MAX`` express cycles in a row that released
-nothing, probes settle until an allreduce is released again.
+nothing, probes settle until an allreduce is released again. A streak grows only while every rank's bits
+arrive in the first cycle (``ExpressPlan``), so ranks that seldom arrive together keep the probe.
 """
 
 from __future__ import annotations

@@ -149,10 +149,8 @@ class ExpressPlan:
         self._carriers: dict[int, tuple[tuple[int, ...], list[Response]] | None] = {}
         self._evictions = cache.evictions
         self._misses = 0
-        #: Since the last release, a settled cycle in which some rank announced bits not every rank had, and
-        #: an express cycle that released nothing.
+        #: Since the last release, a settled cycle in which some rank announced bits not every rank had.
         self._waited = False
-        self._missed = False
 
     def predicted(self) -> tuple[tuple[int, ...], list[Response]] | None:
         """The cache slots and responses that carry the next cycle, or None (the probe runs)."""
@@ -173,10 +171,9 @@ class ExpressPlan:
         if not released:
             if express is not None:
                 self._misses += 1  # a miss: a cycle that waited for some rank
-                self._missed = True
             return
-        self._misses = 0
-        waited, missed, self._waited, self._missed = self._waited, self._missed, False, False
+        missed, waited = self._misses > 0, self._waited  # since the last release
+        self._misses, self._waited = 0, False
         if self._last:
             if len(self._successor) >= _REMEMBERED and self._last not in self._successor:
                 self._successor.clear()
@@ -218,4 +215,3 @@ class ExpressPlan:
         self._last = 0
         self._misses = 0
         self._waited = False
-        self._missed = False

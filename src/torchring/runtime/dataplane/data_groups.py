@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from ..devices import is_cuda
+from .group_reaper import retire
 
 
 @dataclass
@@ -29,13 +30,19 @@ class DataGroups:
         return group
 
     def shutdown(self) -> None:
-        """Release the groups (a group whose peer is gone may refuse; that is fine here) and drop them,
-        so that they are destroyed even while something still holds these ``DataGroups`` (an
-        optimizer's lane): a destroyed group has joined its threads (see ``context.shutdown``)."""
-        groups, self.cpu, self.cuda = (self.cpu, self.cuda), None, None
-        for group in groups:
-            if group is not None and hasattr(group, "shutdown"):
+        """Release the groups (a group whose peer is gone may refuse; that is fine here) and hand them to
+        the reaper (``group_reaper``), which destroys them, joining their threads, once nothing else
+        refers to them: these ``DataGroups`` no longer do, even while something still holds them (an
+        optimizer's lane)."""
+        groups, self.cpu, self.cuda = [self.cpu, self.cuda], None, None
+        while groups:
+            group = groups.pop()
+            if group is None:
+                continue
+            if hasattr(group, "shutdown"):
                 try:
                     group.shutdown()
                 except Exception:  # noqa: BLE001
                     pass
+            retire(group)
+            del group

@@ -155,3 +155,40 @@ def test_announcements_through_rank_0_release_what_the_all_gather_releases():
     for rank in ranks:
         assert "allgather" not in rank.channel.collectives and "gather" in rank.channel.collectives
         assert rank.exchange.settled_cycles > 0  # the steady state is still settled by the probe
+
+
+class _SetRank(_Rank):
+    """A rank of a job with process set 1 = ranks 0 and 1; names starting with ``set.`` are its operations."""
+
+    def __init__(self, board: _Board, rank: int) -> None:
+        super().__init__(board, rank)
+        everyone = tuple(range(SIZE))
+        self.negotiator.members_of = lambda process_set: {0: everyone, 1: (0, 1)}.get(process_set)
+
+    def cycle(self, names: list[str]) -> list[str]:
+        metas = [_meta(name, self.seq + i)._replace(process_set=1 if name.startswith("set.") else 0)
+                 for i, name in enumerate(names)]
+        self.seq += len(names)
+        return [response.name for response in self.run_cycle(metas)]
+
+
+def test_a_process_sets_repeated_operation_is_settled_by_the_probe_while_the_other_rank_submits_nothing():
+    members_only = [["set.a"], ["set.a"], []]  # rank 2 is not in the set and idles
+    released, ranks = _run([members_only] * 6, make_rank=_SetRank)
+    # every cycle releases it on every rank (the non-member skips it when it runs), as the all-gather does;
+    # before, rank 2's missing bit kept it out of every probe until CARRY_LIMIT_S (0.5 s per operation)
+    assert all(names == ["set.a"] for cycle in released for names in cycle), released
+    for rank in ranks:
+        assert rank.channel.collectives == ["allgather", "allgather", "probe", "probe", "probe", "probe"]
+        assert rank.exchange.settled_cycles == 4 and not rank.exchange.bits_kept
+
+
+def test_a_process_sets_operation_waits_in_the_probe_for_its_late_member_only():
+    members_only = [["set.a"], ["set.a"], []]
+    late_member = [["set.a"], [], []]  # rank 1, a member, has not submitted it yet
+    released, ranks = _run([members_only, members_only, members_only, late_member, [[], ["set.a"], []],
+                            members_only], make_rank=_SetRank)
+    assert released[3] == [[], [], []]  # rank 0 keeps its bit
+    assert released[4] == [["set.a"]] * SIZE and released[5] == [["set.a"]] * SIZE
+    for rank in ranks:
+        assert rank.channel.collectives[2:] == ["probe"] * 4 and rank.exchange.failed_probes == 0

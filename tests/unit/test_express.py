@@ -18,7 +18,7 @@ from torchring.runtime.coordination.express import ExpressVote, expressible, rea
 from torchring.runtime.coordination.negotiation import Response
 from torchring.runtime.requests import OpType, RequestMeta
 
-from .test_cycle_exchange import SIZE, _Board, _Rank
+from .test_cycle_exchange import SIZE, _Board, _Rank, _SetRank
 from .test_cycle_exchange import _run as run_ranks
 
 _COMBINE = {ReduceOp.SUM: operator.add, ReduceOp.AVERAGE: operator.add, ReduceOp.MIN: min, ReduceOp.MAX: max,
@@ -68,9 +68,9 @@ class _ExpressRank(_Rank):
         self.exchange = CycleExchange(self.channel, self.negotiator, self.cache, express=self._express)
 
     def _express(self, responses: list[Response], slots: tuple[int, ...], settle: bool, mask: int,
-                 span: int) -> ExpressVote:
+                 span: int, foreign: int = 0) -> ExpressVote:
         self.channel.collectives.append(f"express:{'+'.join(response.name for response in responses)}")
-        flags = self.channel._collect(vote_flags(ReduceOp.SUM, settle, mask, span))
+        flags = self.channel._collect(vote_flags(ReduceOp.SUM, settle, mask, span, foreign))
         return read_vote(ReduceOp.SUM, SIZE, [float(sum(column)) for column in zip(*flags, strict=True)], span)
 
 
@@ -190,3 +190,24 @@ def test_a_loop_that_falls_out_of_step_for_a_while_goes_express_again_once_its_r
     for rank in ranks:
         assert rank.channel.collectives[-2:] == ["express:a"] * 2, rank.channel.collectives
         assert "probe" in rank.channel.collectives[11:]  # out of step, the probe took over
+
+
+class _ExpressSetRank(_SetRank):
+    """An express rank (as ``_ExpressRank``) of a job with process set 1 = ranks 0 and 1."""
+
+    def __init__(self, board: _Board, rank: int) -> None:
+        super().__init__(board, rank)
+        self.exchange = CycleExchange(self.channel, self.negotiator, self.cache, express=self._express)
+
+    _express = _ExpressRank._express
+
+
+def test_a_process_sets_operation_beside_a_loop_that_goes_express_is_released_by_the_express_cycles():
+    plan = [[["g", "set.a"], ["g", "set.a"], ["g"]]] * 9  # rank 2 is not in the set
+    released, ranks = run_ranks(plan, make_rank=_ExpressSetRank)
+    for cycle in released:
+        assert [sorted(names) for names in cycle] == [["g", "set.a"]] * SIZE, released
+    for rank in ranks:
+        # new, first repeat (all-gather), the probe until the streak, then express cycles that release both
+        assert rank.channel.collectives == ["allgather", "allgather", "probe", "probe", "probe", *["express:g"] * 4]
+        assert rank.exchange.express_hits == 4 and rank.exchange.failed_probes == 0

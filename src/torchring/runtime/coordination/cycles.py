@@ -146,8 +146,10 @@ class CycleExchange:
     def _probe(self, announcement: Announcement, timeline: TimelineWriter | NullTimeline) -> CycleOutcome | None:
         words = -(-self._cache.slot_span // _WORD_BITS)
         mask = int.from_bytes(announcement.cached, "little")
+        agreed = mask | self._cache.foreign_mask  # another process set's bits: its members decide
         chunks = [(mask >> (_WORD_BITS * i)) & _FULL for i in range(words)]
-        vector = [int(announcement.settle), *map(_signed, chunks), *(_signed(~chunk & _FULL) for chunk in chunks)]
+        agreeing = [(agreed >> (_WORD_BITS * i)) & _FULL for i in range(words)]
+        vector = [int(announcement.settle), *map(_signed, agreeing), *(_signed(~chunk & _FULL) for chunk in chunks)]
         result = self._channel.allreduce_and(vector, through_root=self.gathered)
         status, every, nobody = result[0], result[1:1 + words], result[1 + words:]
         common = sum(_unsigned(w) << (_WORD_BITS * i) for i, w in enumerate(every))
@@ -161,7 +163,7 @@ class CycleExchange:
         """The probe carried by the allreduce of ``responses`` (``express``); None: the all-gather follows."""
         mask = int.from_bytes(announcement.cached, "little")
         vote = self._express_reduce(responses, slots, announcement.settle, mask,  # type: ignore[misc]
-                                    self._cache.slot_span)
+                                    self._cache.slot_span, self._cache.foreign_mask)
         if not vote.settle:
             return None
         hit = all(vote.common >> slot & 1 for slot in slots)

@@ -75,7 +75,7 @@ class ExpressVote:
 #: The engine's side of an express cycle: ``(R's allreduces, their slots, settle, this rank's cache bits, slot
 #: span)`` → the vote. Collective: every rank calls it with the same ``R``; it keeps the reduced result of
 #: each of ``R``'s allreduces whose bit every rank set for the engine.
-ExpressReduce = Callable[[list[Response], tuple[int, ...], bool, int, int], ExpressVote]
+ExpressReduce = Callable[[list[Response], tuple[int, ...], bool, int, int, int], ExpressVote]
 
 
 def expressible(response: Response, size: int) -> bool:
@@ -106,11 +106,13 @@ def carries_together(responses: list[Response], size: int) -> bool:
             and sum(map(_nbytes, responses)) <= MAX_BYTES)
 
 
-def vote_flags(reduce_op: int, settle: bool, mask: int, span: int) -> list[int]:
-    """This rank's flags: its status bit, its ``span`` cache bits and their complements, encoded so that
-    ``reduce_op`` combines each as an AND (for Max, as ``1 - b``: the max is 0 only when every b is 1)."""
+def vote_flags(reduce_op: int, settle: bool, mask: int, span: int, foreign: int = 0) -> list[int]:
+    """This rank's flags: its status bit, its ``span`` cache bits (with the ``foreign`` ones set: the slots
+    of process sets it is not in, which their members decide) and the complements of its own bits, encoded
+    so that ``reduce_op`` combines each as an AND (for Max, as ``1 - b``: the max is 0 only when every b is 1)."""
     bits = [mask >> slot & 1 for slot in range(span)]
-    truths = [int(settle), *bits, *(1 - bit for bit in bits)]
+    agreed = [(mask | foreign) >> slot & 1 for slot in range(span)]
+    truths = [int(settle), *agreed, *(1 - bit for bit in bits)]
     return [1 - truth for truth in truths] if ReduceOp(reduce_op) is ReduceOp.MAX else truths
 
 

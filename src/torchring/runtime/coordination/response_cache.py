@@ -45,6 +45,8 @@ class ResponseCache:
         #: slot → its response, for entries that can skip negotiation when every rank announces them
         #: (global process set, not part of a group): see ``take_common``.
         self._whole: dict[int, Response] = {}
+        #: The slots of entries this rank takes no part in (another process set's), one bit each.
+        self.foreign_mask = 0
         self.hits = 0
         self.misses = 0
         #: Entries evicted so far: a slot holds the same response until this changes.
@@ -81,8 +83,10 @@ class ResponseCache:
     # ---- every rank's side ----------------------------------------------------------------------
 
     def decode(self, rank: int, mask: bytes) -> list[RequestMeta]:
-        """The requests ``rank`` announced as cache bits, with sequence numbers ordered by slot."""
-        return [RequestMeta._make((*self._by_rank[slot][rank], _CACHED_SEQ_BASE + slot)) for slot in _set_bits(mask)]
+        """The requests ``rank`` announced as cache bits, with sequence numbers ordered by slot (bits of
+        entries ``rank`` takes no part in are skipped)."""
+        return [RequestMeta._make((*self._by_rank[slot][rank], _CACHED_SEQ_BASE + slot)) for slot in _set_bits(mask)
+                if rank in self._by_rank[slot]]
 
     def whole(self, slot: int) -> Response | None:
         """The cached response in ``slot`` when it can skip negotiation (see ``take_common``), else None."""
@@ -131,6 +135,8 @@ class ResponseCache:
         own = dict(key).get(self.rank)
         if own is not None:
             self._slot_of_own[own] = slot
+        else:
+            self.foreign_mask |= 1 << slot
         if response.process_set == 0 and not response.template.group:
             self._whole[slot] = response
 
@@ -144,6 +150,7 @@ class ResponseCache:
         key = self._entries.pop(slot)
         del self._by_rank[slot]
         self._whole.pop(slot, None)
+        self.foreign_mask &= ~(1 << slot)
         del self._slot_of_entry[key]
         own = dict(key).get(self.rank)
         if own is not None and self._slot_of_own.get(own) == slot:

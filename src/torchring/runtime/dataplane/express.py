@@ -49,12 +49,13 @@ class ExpressReducer:
         self._await_work = await_work
         #: The reduced part of each request of the last express cycle whose bit every rank set.
         self._results: dict[RequestKey, tuple[Request, torch.Tensor]] = {}
-        self._flag_tensors: dict[tuple[int, torch.dtype, bool, int, int], torch.Tensor] = {}
+        self._flag_tensors: dict[tuple[int, torch.dtype, bool, int, int, int], torch.Tensor] = {}
 
     def reduce(self, responses: list[Response], slots: tuple[int, ...], settle: bool, mask: int,
-               span: int) -> ExpressVote:
+               span: int, foreign: int = 0) -> ExpressVote:
         """This rank's part of an express cycle carried by ``responses`` in cache ``slots`` (collective): for
-        each, its tensor when ``mask`` (its cache bits) has the slot's bit, else zeros; then the probe's flags."""
+        each, its tensor when ``mask`` (its cache bits) has the slot's bit, else zeros; then the probe's flags
+        (``foreign``: the slots of process sets this rank is not in, see ``vote_flags``)."""
         self._results = {}
         meta = responses[0].template
         dtype = getattr(torch, meta.dtype)
@@ -71,7 +72,7 @@ class ExpressReducer:
                 parts.append(torch.zeros(math.prod(response.template.shape), dtype=dtype))
         sizes = [part.shape[0] for part in parts]
         data_numel = sum(sizes)
-        buffer = torch.cat((*parts, self._flags(meta.reduce_op, dtype, settle, mask, span)))  # one new tensor
+        buffer = torch.cat((*parts, self._flags(meta.reduce_op, dtype, settle, mask, span, foreign)))  # one new tensor
         size = len(responses[0].members)
         group = self._process_sets.groups(0).for_device("cpu", size)
         launched = start_allreduce(buffer, Scaling.of(meta), group, size, scaled_numel=data_numel)
@@ -90,14 +91,15 @@ class ExpressReducer:
                     self._results[response.key] = (request, piece)  # type: ignore[assignment]
         return vote
 
-    def _flags(self, reduce_op: int, dtype: torch.dtype, settle: bool, mask: int, span: int) -> torch.Tensor:
+    def _flags(self, reduce_op: int, dtype: torch.dtype, settle: bool, mask: int, span: int,
+               foreign: int) -> torch.Tensor:
         """The flags tensor of ``vote_flags`` (kept: a loop sends the same flags cycle after cycle)."""
-        key = (reduce_op, dtype, settle, mask, span)
+        key = (reduce_op, dtype, settle, mask, span, foreign)
         flags = self._flag_tensors.get(key)
         if flags is None:
             if len(self._flag_tensors) >= _FLAG_TENSORS_KEPT:
                 self._flag_tensors.clear()
-            flags = torch.tensor(vote_flags(reduce_op, settle, mask, span), dtype=dtype)
+            flags = torch.tensor(vote_flags(reduce_op, settle, mask, span, foreign), dtype=dtype)
             self._flag_tensors[key] = flags
         return flags
 

@@ -29,12 +29,12 @@ def test_a_group_whose_peer_died_is_destroyed_by_the_reaper_and_a_garbage_collec
     report = json.loads(result.stdout.strip().splitlines()[-1])
     # the old way: the collection that freed the cycle waited 5 s for the connection to the dead peer
     assert report["retire_s"] < 1.0 and report["collect_s"] < 1.0, report
-    assert report["settled"] and report["threads_after"] < report["threads_retired"], report  # threads joined
+    assert report["settled"], report  # the reaper dropped the group: destroyed, its threads joined
     assert "onnect" in report["work_error"], report
 
 
 def test_a_process_exits_without_waiting_for_a_retired_groups_dead_peer():
-    process = subprocess.Popen([sys.executable, str(SCRIPT), "exit", "4", "0"], stdout=subprocess.PIPE,
+    process = subprocess.Popen([sys.executable, str(SCRIPT), "exit", "6", "0"], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     assert process.stdout is not None
     line = process.stdout.readline()
@@ -44,4 +44,6 @@ def test_a_process_exits_without_waiting_for_a_retired_groups_dead_peer():
     assert code == 0, line + process.stdout.read() + (process.stderr.read() if process.stderr else "")
     report = json.loads(line)
     assert report["collect_s"] < 2.0, report
-    assert exited < 10.0, f"the process took {exited:.1f} s to exit (its group's peer gives up after 20 s)"
+    # at most group_reaper.EXIT_SETTLE_S (5 s) for the attempts that are refused at once, then it exits while
+    # the group still waits for its peer (up to 30 s), and never aborts (the exit status above)
+    assert exited < 20.0, f"the process took {exited:.1f} s to exit (its group's peer gives up after 30 s)"

@@ -14,10 +14,17 @@ then drops it there (torch releases the interpreter lock while a group is destro
 nothing else). A group still referred to elsewhere when the process exits stays with the reaper, whose
 references the interpreter never drops: it is never destroyed, and the process exits without waiting
 for its threads. :func:`settle` waits, within a bound, until the reaper destroyed every group it was given.
+
+At exit the process waits up to ``EXIT_SETTLE_S`` for that too: a worker thread that gives up on its
+peer while the interpreter finalizes ends the process with ``terminate called without an active
+exception`` (seen when the connection attempts to a dead peer, refused at once, ran out right at the
+exit), and the attempts that are refused at once run out within that time. One still waiting then (the
+wait of five times the timeout) is left waiting, which exits cleanly.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import queue
 import sys
@@ -29,6 +36,8 @@ __all__ = ["retire", "settle"]
 #: How often the reaper looks again at groups that others still refer to (while :func:`settle` waits).
 RECHECK_S = 0.5
 SETTLING_RECHECK_S = 0.01
+#: How long the exiting process waits for the reaper (only while it holds groups).
+EXIT_SETTLE_S = 5.0
 
 _lock = threading.Lock()
 #: The reaper's inbox and the process that started its thread (a forked child starts one of its own).
@@ -65,6 +74,18 @@ def settle(timeout: float) -> bool:
     marker = _Marker()
     _inbox_of_this_process().put(marker)
     return marker.done.wait(timeout)
+
+
+def _settle_at_exit() -> None:
+    """At interpreter exit (registered when this module is imported, so it runs after ``shutdown()``, which
+    is registered later): :func:`settle`, where this process started a reaper."""
+    with _lock:
+        started = _inbox is not None and _owner_pid == os.getpid()
+    if started:
+        settle(EXIT_SETTLE_S)
+
+
+atexit.register(_settle_at_exit)
 
 
 def _only_held_here(held: list[Any], index: int) -> bool:

@@ -42,7 +42,7 @@ BESIDE_ELASTIC_HOSTS = ["tests/integration/test_examples.py", "tests/integration
                         "tests/integration/test_gradient_lane_faults.py", "tests/integration/test_hang_detector.py",
                         "tests/integration/test_doctor.py"]
 BESIDE_SCHEDULERS = ["tests/integration/test_blame.py", "tests/integration/test_bench.py",
-                     "tests/integration/test_k8s_rank_discovery.py"]
+                     "tests/integration/test_k8s_rank_discovery.py", "tests/integration/test_retired_groups.py"]
 #: name -> (the cluster of namespace hosts it may build, its pytest arguments)
 GROUPS = {
     "multihost-elastic": ("0", [*ELASTIC_HOSTS, *BESIDE_ELASTIC_HOSTS]),

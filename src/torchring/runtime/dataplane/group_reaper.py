@@ -50,6 +50,8 @@ class _Marker:
 
     def __init__(self) -> None:
         self.done = threading.Event()
+        #: The caller stopped waiting: the reaper forgets the marker (and rechecks at its slow pace again).
+        self.abandoned = False
 
 
 def _inbox_of_this_process() -> queue.SimpleQueue[Any]:
@@ -73,7 +75,9 @@ def settle(timeout: float) -> bool:
     with the reaper)."""
     marker = _Marker()
     _inbox_of_this_process().put(marker)
-    return marker.done.wait(timeout)
+    settled = marker.done.wait(timeout)
+    marker.abandoned = not settled
+    return settled
 
 
 def _settle_at_exit() -> None:
@@ -115,3 +119,4 @@ def _reap(inbox: queue.SimpleQueue[Any]) -> None:
             for marker in waiting:
                 marker.done.set()
             waiting.clear()
+        waiting = [marker for marker in waiting if not marker.abandoned]

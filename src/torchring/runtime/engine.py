@@ -120,6 +120,7 @@ class Engine(CycleStart):
         self.recorder: Recorder = NULL_RECORDER
         #: Names the host and ranks behind the addresses in a failure's text ("" when it cannot).
         self.name_peers: Callable[[str], str] | None = None
+        self._peer_names: dict[str, str] = {}
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"torchring-engine-{rank}", daemon=True)
         #: Finishes the collectives this engine launched, while the engine negotiates the next ones.
@@ -398,14 +399,17 @@ class Engine(CycleStart):
 
         self._completer.add(launched, on_done)
 
-    def _failure_text(self, error: BaseException) -> str:
-        """The engine's failure, with the host and ranks behind any address in it (``name_peers``)."""
-        text = f"torchring engine failed on rank {self.rank}: {error}"
-        names = self.name_peers(str(error)) if self.name_peers is not None else ""
+    def _failure_text(self, error: BaseException, failed: str = "engine") -> str:
+        """The engine's (or a collective's) failure, with the host and ranks behind any address in it
+        (``name_peers``, looked up once per message)."""
+        text = f"torchring {failed} failed on rank {self.rank}: {error}"
+        if str(error) not in self._peer_names:
+            self._peer_names[str(error)] = self.name_peers(str(error)) if self.name_peers is not None else ""
+        names = self._peer_names[str(error)]
         return f"{text} ({names})" if names else text
 
     def _data_error(self, error: BaseException | None) -> BaseException | None:
-        return error and HorovodInternalError(f"torchring collective failed on rank {self.rank}: {error}")
+        return error and HorovodInternalError(self._failure_text(error, "collective"))
 
     def _on_data_failure(self, error: BaseException) -> None:
         """A launched collective failed (a peer died or timed out): fail everything; the engine stops."""

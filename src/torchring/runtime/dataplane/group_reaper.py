@@ -72,7 +72,10 @@ def retire(group: object) -> None:
 def settle(timeout: float) -> bool:
     """Wait up to ``timeout`` seconds until the reaper has destroyed every group retired so far; whether it
     did (False: a group is still referred to elsewhere, or its threads still wait for a peer, and stays
-    with the reaper)."""
+    with the reaper). True at once where this process retired no group."""
+    with _lock:
+        if _inbox is None or _owner_pid != os.getpid():
+            return True
     marker = _Marker()
     _inbox_of_this_process().put(marker)
     settled = marker.done.wait(timeout)
@@ -80,16 +83,8 @@ def settle(timeout: float) -> bool:
     return settled
 
 
-def _settle_at_exit() -> None:
-    """At interpreter exit (registered when this module is imported, so it runs after ``shutdown()``, which
-    is registered later): :func:`settle`, where this process started a reaper."""
-    with _lock:
-        started = _inbox is not None and _owner_pid == os.getpid()
-    if started:
-        settle(EXIT_SETTLE_S)
-
-
-atexit.register(_settle_at_exit)
+# at interpreter exit: registered when this module is imported, so it runs after ``shutdown()`` (registered later)
+atexit.register(settle, EXIT_SETTLE_S)
 
 
 def _only_held_here(held: list[Any], index: int) -> bool:

@@ -127,8 +127,10 @@ class RayCluster:
 
     def _driver_argv(self, argv: list[str], env: dict[str, str] | None) -> list[str]:
         variables = [f"{name}={value}" for name, value in (env or {}).items()]
+        # RAY_DEDUP_LOGS=0: the driver prints every worker's lines; by default it folds lines that differ only
+        # in their digits ("HVD rank=0 ... host=h1" and "HVD rank=1 ... host=h2") into "[repeated 2x]"
         return [*self._environment(), f"RAY_ADDRESS={self.address}", f"PYTHONPATH={os.environ.get('PYTHONPATH', '')}",
-                *variables, sys.executable, *argv]
+                "RAY_DEDUP_LOGS=0", *variables, sys.executable, *argv]
 
     def stop(self) -> None:
         for node in reversed(self.nodes):

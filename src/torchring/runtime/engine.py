@@ -402,10 +402,11 @@ class Engine(CycleStart):
     def _failure_text(self, error: BaseException, failed: str = "engine") -> str:
         """The engine's (or a collective's) failure, with the host and ranks behind any address in it
         (``name_peers``, looked up once per message)."""
-        text = f"torchring {failed} failed on rank {self.rank}: {error}"
-        if str(error) not in self._peer_names:
-            self._peer_names[str(error)] = self.name_peers(str(error)) if self.name_peers is not None else ""
-        names = self._peer_names[str(error)]
+        message = str(error)
+        names = self._peer_names.get(message)
+        if names is None:
+            names = self._peer_names[message] = self.name_peers(message) if self.name_peers is not None else ""
+        text = f"torchring {failed} failed on rank {self.rank}: {message}"
         return f"{text} ({names})" if names else text
 
     def _data_error(self, error: BaseException | None) -> BaseException | None:

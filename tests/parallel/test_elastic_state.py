@@ -222,3 +222,35 @@ def test_sync_takes_the_values_of_the_lowest_rank_that_trained_before_when_rank_
     fresh = hvd.elastic.ObjectState(epoch=rank)
     fresh.sync()
     assert fresh.epoch == 0  # nobody trained before: rank 0's, as Horovod does
+
+
+def test_sync_takes_the_values_of_the_rank_with_the_newest_commit(rank, size):
+    """After a failure one survivor may have committed a step the others rolled back (the step's collective
+    finished on it and failed on them): sync hands that newer commit to everyone, instead of rank 0's older
+    one that would train the step, and count its samples, again; the newest count of commits is everyone's."""
+    if size < 2:
+        pytest.skip("needs a rank besides rank 0")
+    state = hvd.elastic.ObjectState(step=0)
+    state.sync()
+    for step in (1, 2):
+        state.step = step
+        state.commit()
+    if rank == size - 1:  # its step 3 completed; the others failed in it and rolled back to step 2
+        state.step = 3
+        state.commit()
+    else:
+        state.step = 3
+        state.restore()
+    state.sync()
+    assert state.step == 3
+    state.step = 4
+    state.commit()
+    if rank == 0:  # now rank 0 is ahead: its commit wins, whatever the last rank's history
+        state.step = 5
+        state.commit()
+    else:
+        state.restore()
+    state.sync()
+    assert state.step == 5
+    state.restore()
+    assert state.step == 5  # the values taken are committed

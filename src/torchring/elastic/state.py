@@ -21,6 +21,9 @@ from .membership import current_hosts_version, elastic_mode
 
 logger = logging.getLogger("torchring.elastic")
 
+#: ``_sync_root``'s offset for ranks that never synced: their keys are above any rank's that did.
+_NEVER_SYNCED = 2**62
+
 
 class State:
     """Base of elastic states: reset callbacks, host-update checks and on-disk persistence.
@@ -104,8 +107,13 @@ class State:
             handler.restore()
 
     def sync(self) -> None:
-        """Make every rank's values equal to rank 0's (after a reset, or at the start), and commit them.
-        Should rank 0 be new to the job while other ranks trained before, the lowest of those is taken.
+        """Make every rank's values equal to those of the rank with the newest commit (rank 0's after the
+        start, as in Horovod, where every rank committed as often), and commit them. Ranks new to the job
+        (they never synced) never give their values while a rank that trained before takes part.
+
+        The newest commit matters after a failure: a collective can finish on one survivor and fail on
+        another, so one rank may have committed the step the others rolled back; taking rank 0's older
+        values would train that step (and process its samples) a second time.
 
         The first sync of a state whose checkpoint directory holds a commit resumes from it: rank 0
         loads the file and the broadcast hands it to every rank.
@@ -113,23 +121,34 @@ class State:
         if not self._resume_checked:
             object.__setattr__(self, "_resume_checked", True)
             self._resume_from_checkpoint()
-        root = self._sync_root()
+        root, commits = self._sync_root()
         for handler in self._handlers.values():
             handler.sync(root)
+        object.__setattr__(self, "_commits", commits)
         object.__setattr__(self, "_synced", True)
         self.save()
 
-    def _sync_root(self) -> int:
-        """The rank whose values every rank takes: 0, unless rank 0 is new to the job (a replacement that
-        never synced) while another rank already trained; then the lowest such rank."""
+    def _sync_root(self) -> tuple[int, int]:
+        """The rank whose values every rank takes, and its count of commits (from then on the job's):
+        among the ranks that synced before, the one with the most commits (the lowest such rank on a tie);
+        rank 0 (with the commits of the checkpoint it resumed from) when no rank synced before. One MIN
+        allreduce of ``rank - commits * size``, offset by ``_NEVER_SYNCED`` for ranks that never synced."""
         if not basics.is_initialized() or basics.size() == 1:
-            return 0
+            return 0, self._commits
         from ..collectives import allreduce
         from ..reduction import ReduceOp
 
-        mine = basics.rank() if self._synced else basics.size()
-        lowest = int(allreduce(torch.tensor([mine]), op=ReduceOp.MIN, name="elastic.sync_root").item())
-        return 0 if lowest >= basics.size() else lowest
+        rank, size = basics.rank(), basics.size()
+        if self._synced:
+            mine = rank - self._commits * size
+        else:
+            mine = _NEVER_SYNCED - self._commits * size if rank == 0 else _NEVER_SYNCED + rank
+        lowest = int(allreduce(torch.tensor([mine], dtype=torch.int64), op=ReduceOp.MIN,
+                               name="elastic.sync_root").item())
+        if lowest > _NEVER_SYNCED // 2:  # nobody synced before: rank 0's key
+            lowest -= _NEVER_SYNCED
+        root = lowest % size
+        return root, (root - lowest) // size
 
     def reset(self) -> None:
         """Hook for subclasses, run before the reset callbacks."""

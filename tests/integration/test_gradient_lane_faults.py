@@ -1,5 +1,7 @@
 """A rank that is late, stuck or dead while the others reduce on DistributedOptimizer's bucket lane."""
 
+import re
+
 from .jobs import python_script, run_job
 
 
@@ -25,3 +27,20 @@ def test_stall_shutdown_time_ends_a_lane_wait_with_an_error():
     out = result.lines("stdout", 0)
     assert len(out) == 1 and out[0].startswith("internal error: gradient bucket 'bucket.0.2.bias'"), result.stdout
     assert "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=2" in out[0]
+
+
+def test_a_peer_lost_before_the_lanes_pair_to_it_connected_fails_the_wait_in_seconds():
+    """Gloo connects a pair on its first collective, and a pair whose peer is gone keeps trying for five
+    times the timeout (50 s here). The survivor's lane wait has its idle engine cycle each second instead:
+    the engine's connection to the dead worker is closed, so the cycle fails, the lane wait raises that
+    failure, and the elastic job re-forms well within one Gloo timeout."""
+    result = run_job("run", "--min-np", "2", "--max-np", "2", "-H", "localhost:2", "--elastic-timeout", "30",
+                     *python_script("lane_peer_lost.py"), env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "10"}, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "exiting instead of launching the first bucket's allreduce" in result.stderr
+    recovered = re.search(r"generation 1 trained its first step ([\d.]+) s after the worker lost was seen",
+                          result.stderr)
+    assert recovered and float(recovered.group(1)) < 10, result.stderr[-3000:]
+    assert "Connect timeout" not in result.stderr, result.stderr[-3000:]
+    finals = re.findall(r"final rank \d size 2 step 10", result.stdout)
+    assert len(finals) == 2, result.stdout

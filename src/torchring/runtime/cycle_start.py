@@ -40,6 +40,7 @@ class CycleStart:
     _woken_epoch: int
     _wants_notify: bool
     _hurried: bool
+    _probe_requested: bool
     _settling: bool
     _pacing: bool
     _everyone_blocked: bool
@@ -82,6 +83,7 @@ class CycleStart:
         if self._woken_epoch < epoch:  # left on its own
             self._wake.owe(epoch)  # paid by the next collective, only if the peers do not join it soon enough
         with self._cond:
+            self._probe_requested = False
             if self._queue:
                 self._let_burst_settle()
             drained = self._drain()
@@ -96,7 +98,8 @@ class CycleStart:
         with self._cond:
             self._wants_notify = True
             while (not self._queue and not self._shutdown_requested and not self._stall_abort
-                   and not self._launch_failures and self._woken_epoch < epoch and self._failure is None):
+                   and not self._launch_failures and self._woken_epoch < epoch and self._failure is None
+                   and not self._probe_requested):
                 left = self._stalls.check_interval() if deadline is None else deadline - time.monotonic()
                 if left <= 0:
                     return True

@@ -209,7 +209,8 @@ def _wait_announced(completion: Completion) -> None:
     burst of ``*_async`` calls followed by ``synchronize`` is over); the wait polls for the result for
     ``TORCHRING_WAIT_SPIN_US`` before it sleeps when its tensors are small (``context.wait_spin_seconds``: a
     larger one takes longer than that, and polling takes the CPU its transfer needs); a request still not done
-    after ``BLOCKED_AFTER_S`` is announced as blocked at its call site, for the deadlock watch (``deadlock``)."""
+    after ``BLOCKED_AFTER_S`` is announced as blocked at its call site, for the deadlock watch (``deadlock``),
+    and has the engine cycle once per ``BLOCKED_AFTER_S`` while it waits (``Engine.probe``)."""
     runtime = context.current_or_none()
     if runtime is None:
         return
@@ -226,6 +227,9 @@ def _wait_announced(completion: Completion) -> None:
         watch = runtime.engine.deadlocks
         watch.note_blocked(request.key, call_site())
         try:
-            request.wait_done(None)
+            # each slice, an idle engine cycles: a launched collective may wait on a pair to a dead peer that
+            # never connected (five times Gloo's timeout), while the cycle fails on that peer at once
+            while not request.wait_done(BLOCKED_AFTER_S):
+                watch.probe()
         finally:
             watch.note_unblocked(request.key)

@@ -91,6 +91,9 @@ class DeadlockWatch:
         #: The text every rank's engine stopped with (a deadlock's verdict, a stall shutdown), once it did:
         #: a wait outside the engine (a gradient lane's) raises it too.
         self.aborted = ""
+        #: Makes this rank's idle engine run one cycle (the engine's ``probe``): called by a wait outside the
+        #: engine that has been blocked for a while, so that a dead peer fails a cycle and sets ``aborted``.
+        self.probe: Callable[[], None] = _nothing
         self._suspect: tuple[Blocked, ...] | None = None
         self._since = 0.0
         #: Keys of recently released requests (forgotten all at once past ``REMEMBERED_NAMES``).
@@ -217,3 +220,7 @@ def _short(op: str, name: str) -> str:
 
 def _ranks(ranks: Sequence[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ",".join(map(str, ranks))
+
+
+def _nothing() -> None:
+    """``DeadlockWatch.probe`` before an engine sets it."""

@@ -296,7 +296,9 @@ class GradientLane:
 
     def _wait_watched(self, work: Any, name: str, warn_s: float) -> None:
         """Wait for a CPU bucket's allreduce in slices of ``BLOCKED_AFTER_S``: after the first, tell the
-        deadlock watch that this rank waits in its lane (at the script's call site); raise the engines'
+        deadlock watch that this rank waits in its lane (at the script's call site), and after each one have
+        the engine cycle (a peer that died fails that cycle at once, where this allreduce may wait on a pair
+        to it that never connected: five times Gloo's timeout); raise the engine's failure or the engines'
         verdict once they stopped with one; warn every ``warn_s`` seconds."""
         started = time.monotonic()
         next_warning = warn_s
@@ -316,6 +318,7 @@ class GradientLane:
                         raise HorovodInternalError(watch.aborted)
                     if not blocked:
                         watch.note_blocked(key, call_site())
+                    watch.probe()  # an idle engine cycles: a dead peer fails it, and ``aborted`` ends this wait
                 blocked = True
                 waited = time.monotonic() - started
                 if waited >= next_warning:

@@ -2,6 +2,8 @@
 
 import re
 
+import pytest
+
 from .jobs import python_script, run_job
 
 
@@ -29,13 +31,15 @@ def test_stall_shutdown_time_ends_a_lane_wait_with_an_error():
     assert "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=2" in out[0]
 
 
-def test_a_peer_lost_before_the_lanes_pair_to_it_connected_fails_the_wait_in_seconds():
+@pytest.mark.parametrize("stall_check", ["on", "off"])
+def test_a_peer_lost_before_the_lanes_pair_to_it_connected_fails_the_wait_in_seconds(stall_check):
     """Gloo connects a pair on its first collective, and a pair whose peer is gone keeps trying for five
-    times the timeout (50 s here). The survivor's lane wait has its idle engine cycle each second instead:
-    the engine's connection to the dead worker is closed, so the cycle fails, the lane wait raises that
-    failure, and the elastic job re-forms well within one Gloo timeout."""
+    times the timeout (50 s here). The survivor's lane wait has its idle engine cycle each second instead
+    (with the stall check off too): the engine's connection to the dead worker is closed, so the cycle
+    fails, the lane wait raises that failure, and the elastic job re-forms well within one Gloo timeout."""
+    env = {"HOROVOD_GLOO_TIMEOUT_SECONDS": "10", "HOROVOD_STALL_CHECK_DISABLE": "1" if stall_check == "off" else "0"}
     result = run_job("run", "--min-np", "2", "--max-np", "2", "-H", "localhost:2", "--elastic-timeout", "30",
-                     *python_script("lane_peer_lost.py"), env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "10"}, timeout=120)
+                     *python_script("lane_peer_lost.py"), env=env, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "exiting instead of launching the first bucket's allreduce" in result.stderr
     recovered = re.search(r"generation 1 trained its first step ([\d.]+) s after the worker lost was seen",

@@ -17,6 +17,7 @@ after ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` (when set), as the engine's stall 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -276,14 +277,14 @@ class GradientLane:
         assert work is not None
         warn_s = self._settings.stall_warning_s
         try:
-            if not stall_checks or warn_s <= 0 or in_flight.wire.is_cuda:
+            if not stall_checks or in_flight.wire.is_cuda:
                 # CUDA: wait() orders the current stream after the collective without blocking the CPU, and
                 # a timed wait could abort the communicator; a thread of its own warns about a long one
                 work.wait()
                 if in_flight.wire.is_cuda and stall_checks:
                     self._cuda_stalls.watch(work, in_flight.name)
-            else:
-                self._wait_watched(work, in_flight.name, warn_s)
+            else:  # with the stall check off (warn_s <= 0): no warnings, the deadlock watch and probe still
+                self._wait_watched(work, in_flight.name, warn_s if warn_s > 0 else math.inf)
         except HorovodInternalError:
             raise
         except RuntimeError as error:
@@ -299,7 +300,8 @@ class GradientLane:
         deadlock watch that this rank waits in its lane (at the script's call site), and after each one have
         the engine cycle (a peer that died fails that cycle at once, where this allreduce may wait on a pair
         to it that never connected: five times Gloo's timeout); raise the engine's failure or the engines'
-        verdict once they stopped with one; warn every ``warn_s`` seconds."""
+        verdict once they stopped with one; warn every ``warn_s`` seconds (never when it is infinite: the
+        stall check is off)."""
         started = time.monotonic()
         next_warning = warn_s
         key = (LANE_SET, f"gradient bucket '{name}'")
@@ -308,7 +310,7 @@ class GradientLane:
         try:
             while True:
                 try:
-                    work.wait(timedelta(seconds=min(BLOCKED_AFTER_S, warn_s)))
+                    work.wait(timedelta(seconds=min(BLOCKED_AFTER_S, warn_s)))  # warn_s may be infinite
                     return
                 except RuntimeError as error:
                     if work.is_completed() or "timed out" not in str(error).lower():

@@ -83,7 +83,6 @@ class CycleStart:
         if self._woken_epoch < epoch:  # left on its own
             self._wake.owe(epoch)  # paid by the next collective, only if the peers do not join it soon enough
         with self._cond:
-            self._probe_requested = False
             if self._queue:
                 self._let_burst_settle()
             drained = self._drain()
@@ -129,5 +128,6 @@ class CycleStart:
             self._cond.notify()
 
     def _drain(self) -> tuple[list[Request], bool]:
+        self._probe_requested = False  # the cycle about to start is the one a probe asked for
         drained, self._queue = self._queue, []
         return drained, self._shutdown_requested

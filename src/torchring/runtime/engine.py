@@ -191,11 +191,11 @@ class Engine(CycleStart):
                 self._cond.notify()
 
     def probe(self) -> None:
-        """A user thread has waited a while on a collective outside the engine (a gradient lane's
-        allreduce): run one cycle now if the engine is idle. A peer that died fails the cycle's control
-        collective at once (its connection is gone), and the failure reaches that wait through
-        ``deadlocks.aborted``; a collective whose pair to the dead peer never connected would otherwise
-        wait five times Gloo's timeout. Cheap when every peer is alive: one empty cycle."""
+        """A thread has waited a while on a collective (a gradient lane's allreduce, or an operation this
+        engine launched): run one cycle now if the engine is idle, else let its next cycle count. A peer that
+        died fails the cycle's control collective at once (its connection is gone), and the failure reaches
+        that wait through ``deadlocks.aborted``; a collective whose pair to the dead peer never connected
+        would otherwise wait five times Gloo's timeout. Cheap when every peer is alive: one empty cycle."""
         with self._cond:
             self._probe_requested = True
             if self._wants_notify:

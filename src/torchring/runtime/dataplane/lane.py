@@ -277,14 +277,15 @@ class GradientLane:
         assert work is not None
         warn_s = self._settings.stall_warning_s
         try:
-            if not stall_checks or in_flight.wire.is_cuda:
+            if in_flight.wire.is_cuda:
                 # CUDA: wait() orders the current stream after the collective without blocking the CPU, and
                 # a timed wait could abort the communicator; a thread of its own warns about a long one
                 work.wait()
-                if in_flight.wire.is_cuda and stall_checks:
+                if stall_checks:
                     self._cuda_stalls.watch(work, in_flight.name)
-            else:  # with the stall check off (warn_s <= 0): no warnings, the deadlock watch and probe still
-                self._wait_watched(work, in_flight.name, warn_s if warn_s > 0 else math.inf)
+            else:  # with the stall check off (warn_s <= 0) or a joined rank's zeros: no warnings, still probes
+                self._wait_watched(work, in_flight.name, warn_s if warn_s > 0 and stall_checks else math.inf,
+                                   blocks=stall_checks)
         except HorovodInternalError:
             raise
         except RuntimeError as error:
@@ -295,13 +296,14 @@ class GradientLane:
                 "rank probably failed or stopped; see its output."
             ) from error
 
-    def _wait_watched(self, work: Any, name: str, warn_s: float) -> None:
+    def _wait_watched(self, work: Any, name: str, warn_s: float, blocks: bool = True) -> None:
         """Wait for a CPU bucket's allreduce in slices of ``BLOCKED_AFTER_S``: after the first, tell the
-        deadlock watch that this rank waits in its lane (at the script's call site), and after each one have
-        the engine cycle (a peer that died fails that cycle at once, where this allreduce may wait on a pair
-        to it that never connected: five times Gloo's timeout); raise the engine's failure or the engines'
-        verdict once they stopped with one; warn every ``warn_s`` seconds (never when it is infinite: the
-        stall check is off)."""
+        deadlock watch that this rank waits in its lane (at the script's call site; not when ``blocks`` is
+        False: a joined rank's zeros wait for the others' steps), and after each one have the engine cycle
+        (a peer that died fails that cycle at once, where this allreduce may wait on a pair to it that never
+        connected: five times Gloo's timeout); raise the engine's failure or the engines' verdict once they
+        stopped with one; warn every ``warn_s`` seconds (never when it is infinite: the stall check is off,
+        or the zeros of a joined rank)."""
         started = time.monotonic()
         next_warning = warn_s
         key = (LANE_SET, f"gradient bucket '{name}'")
@@ -318,7 +320,7 @@ class GradientLane:
                 if watch is not None:
                     if watch.aborted:
                         raise HorovodInternalError(watch.aborted)
-                    if not blocked:
+                    if blocks and not blocked:
                         watch.note_blocked(key, call_site())
                     watch.probe()  # an idle engine cycles: a dead peer fails it, and ``aborted`` ends this wait
                 blocked = True
@@ -327,7 +329,7 @@ class GradientLane:
                     self._stalled(name, waited)
                     next_warning += warn_s
         finally:
-            if blocked and watch is not None:
+            if blocks and blocked and watch is not None:
                 watch.note_unblocked(key)
 
     def _note_peer_failure(self, reason: str) -> None:

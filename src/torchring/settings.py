@@ -214,7 +214,7 @@ VARIABLES: tuple[Variable, ...] = (
          "torchring's Gloo groups connect a pair of ranks when it first communicates instead of every pair "
          "at init (torch's TORCH_GLOO_LAZY_INIT, where this torch has it); 0: full mesh at init (see "
          "docs/scale.md)"),
-    _own("CONTROL_GATHER_RANKS", _count, 16,
+    _own("CONTROL_GATHER_RANKS", _count, 3,
          "from this many ranks on, cycles go through rank 0: new requests (gather, then one reply to every "
          "rank) instead of the all-gather, and the steady-state probe's AND; 0: never (rank 0's value "
          "applies; see docs/scale.md)"),
@@ -283,7 +283,7 @@ class Settings:
     control_probe: bool = True
     control_express: bool = True
     lazy_connect: bool = True
-    control_gather_ranks: int = 16
+    control_gather_ranks: int = 3
     hang_timeout: float = 300.0
 
     @classmethod

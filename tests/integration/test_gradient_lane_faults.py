@@ -54,7 +54,8 @@ def test_a_joined_ranks_zeros_on_a_pair_to_a_lost_peer_fail_in_seconds():
     """A rank that joined takes part in the others' lane steps with zeros; its first such allreduce opens
     pairs too. The victim exits 2 s into its first lane step, after the joined rank opened the pair to it:
     that wait probes its engine as a training rank's does (before: Gloo's 'Connect timeout' after five
-    times the timeout, 49 s here, in 5 of 6 runs), so the job re-forms in seconds."""
+    times the timeout, 49 s here, in 5 of 6 runs), so the job re-forms in seconds (3 s on a quiet machine,
+    12 s in a full test run: most of it the replacement worker's start-up)."""
     env = {"HOROVOD_GLOO_TIMEOUT_SECONDS": "10", "LANE_JOINER": "w0", "LANE_VICTIM": "w2",
            "LANE_VICTIM_DELAY_S": "2"}
     result = run_job("run", "-np", "3", "--min-np", "2", "--max-np", "3", "-H", "localhost:3", "--elastic-timeout",
@@ -64,7 +65,7 @@ def test_a_joined_ranks_zeros_on_a_pair_to_a_lost_peer_fail_in_seconds():
     assert "exiting instead of launching the first bucket's allreduce" in result.stderr
     recovered = re.search(r"generation 1 trained its first step ([\d.]+) s after the worker lost was seen",
                           result.stderr)
-    assert recovered and float(recovered.group(1)) < 10, result.stderr[-3000:]
+    assert recovered and float(recovered.group(1)) < 25, result.stderr[-3000:]
     assert "Connect timeout" not in result.stderr, result.stderr[-3000:]
     finals = re.findall(r"final rank \d size 3 step 10", result.stdout)
     assert len(finals) == 3, result.stdout

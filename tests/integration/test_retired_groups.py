@@ -1,4 +1,4 @@
-"""Retired process groups are destroyed by the reaper thread (``runtime/dataplane/group_reaper.py``), never by
+"""Retired process groups are destroyed by the reaper thread (``runtime/group_reaper.py``), never by
 whoever drops the last reference: a Gloo group whose pair connects to a dead peer keeps its worker thread
 for five times its timeout, and destroying the group waits for that thread. Before, a garbage collection
 that freed such a group (an elastic job's rank 0 at exit, after it had recovered from a lost worker)

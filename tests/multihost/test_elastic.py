@@ -281,8 +281,8 @@ def run_example(cluster, tmp_path, hosts, *args, env=None, kill_host_after=None,
             cluster.kill_all_in(kill_host_after[0])
         else:
             process.send_signal(signal.SIGTERM)
-    out, err = process.communicate(timeout=300)
-    return process.returncode, "".join(lines) + out, err
+    out, err = finish(process, lines)
+    return process.returncode, out, err
 
 
 def example_accuracy(stdout):
@@ -301,7 +301,10 @@ def test_elastic_mnist_survives_a_lost_host_with_the_accuracy_of_an_undisturbed_
     assert code == 0, err[-3000:]
     disturbed, size = example_accuracy(out)
     assert size == 2 and "membership changed: 3 -> 2 workers" in err
-    assert abs(disturbed - undisturbed) <= 0.02, (disturbed, undisturbed)
+    # not worse than undisturbed: the last three epochs ran on 2 ranks, 23 smaller steps each instead of 15,
+    # and the rollback point (with the dropout draws since) varies with the kill: 10 runs under load ended
+    # 0.011 below to 0.025 above the undisturbed 0.914 (a state lost or corrupted in the reset ends lower)
+    assert disturbed >= undisturbed - 0.02, (disturbed, undisturbed)
     assert_hosts_empty(cluster)
 
 

@@ -20,8 +20,8 @@ class SlowWork:
 
     def wait(self) -> bool:
         time.sleep(self.seconds)
-        if self.error is not None:
-            raise self.error
+        if self.error is not None:  # a new error each time, as c10d raises: a failed work goes to the group
+            raise type(self.error)(*self.error.args)  # reaper, and one referring to its own error never leaves it
         return True
 
 

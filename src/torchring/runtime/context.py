@@ -40,15 +40,16 @@ from . import wake_probe
 from .coordination.control import GlooControlChannel
 from .coordination.deadlock import Verdict
 from .coordination.engine_settings import EngineSettings
+from .coordination.failure_alarm import FailureAlarm
 from .coordination.topology import Topology
 from .coordination.wakeup import DeferredWake, LocalWaker, StoreWaker, Waker
 from .dataplane.cuda_groups import cuda_group
 from .dataplane.data_groups import DataGroups
 from .dataplane.executor import Executor
-from .dataplane.group_reaper import settle
 from .dataplane.lane_registry import GroupOpener, LaneRegistry
 from .dataplane.process_set_table import ProcessSetTable
 from .engine import Engine
+from .group_reaper import settle
 from .meeting import meet
 from .names import skip_auto_name
 from .observe.flight_recorder import NULL_RECORDER, Recorder, open_recorder
@@ -321,8 +322,7 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
             clock.lap("store")
             prefix = generation_prefix(_generation)
         signed = AuthenticatedStore(store, credentials)
-        # an elastic generation's ranks have all arrived (``join``): its meeting waits like a collective, so
-        # that a rank lost meanwhile fails this generation in time for the launcher to publish the next
+        # elastic: every rank joined already, so the meeting waits like a collective (a lost rank fails it in time)
         meeting_timeout = timeout if isinstance(environment, ElasticLauncherEnvironment) else rendezvous_timeout
         lazy = settings.lazy_connect
         groups: list[tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]] = []
@@ -361,7 +361,7 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
         if info.size > 1:
             assert rendezvous.host is not None and rendezvous.port is not None
             waker = StoreWaker(rendezvous.host, rendezvous.port, f"{prefix}/wake/", rendezvous_timeout)
-        wake = DeferredWake(waker)
+        wake = DeferredWake(waker, alarm=FailureAlarm(signed, prefix))
         control = GlooControlChannel(control_group, info.rank, info.size, wake.await_work)
         clock.lap("waker")
         report_peer_failure = _peer_failure_reporter(environment, signed, info.rank)

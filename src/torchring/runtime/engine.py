@@ -283,6 +283,8 @@ class Engine(CycleStart):
             text = self._failure_text(error)
             if not self.deadlocks.aborted:  # a step waiting in a gradient lane raises it too
                 self.deadlocks.aborted = text
+            if self._wake.alarm is not None:  # ranks whose collective waits on this one stop waiting
+                self._wake.alarm.post(self.rank, text)
             self._fail_all(HorovodInternalError(text))
             try:
                 self._wake.waker.wake(epoch)

@@ -22,7 +22,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from torchring.runtime.dataplane import group_reaper
+from torchring.runtime import group_reaper
 from torchring.runtime.dataplane.data_groups import DataGroups
 from torchring.runtime.startup import gloo_group
 

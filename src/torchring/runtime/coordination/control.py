@@ -119,8 +119,8 @@ class GlooControlChannel:
         self.group = group
         self.rank = rank
         self.size = size
-        #: Waits for each exchange's first collective (the engine's ``wakeup.DeferredWake`` wakes idle peers
-        #: from there); the rest of an exchange only starts once every rank is in it.
+        #: Waits for each collective of an exchange: from the first, the engine's ``wakeup.DeferredWake``
+        #: wakes idle peers; any ends once another rank's engine posted its failure (``failure_alarm``).
         self._await_work = await_work
         self._slot = bytearray(self.SLOT_BYTES)
         self._gathered = bytearray(self.SLOT_BYTES * size)
@@ -196,13 +196,13 @@ class GlooControlChannel:
         if self.rank == 0:
             _REPLY_HEADER.pack_into(self._slot, 0, len(reply), resend_width)
             self._slot[_REPLY_HEADER.size:_REPLY_HEADER.size + min(len(reply), capacity)] = reply[:capacity]
-        self.group.broadcast([self._slot_tensor], dist.BroadcastOptions()).wait()
+        self._await_work(self.group.broadcast([self._slot_tensor], dist.BroadcastOptions()))
         length, resend_width = _REPLY_HEADER.unpack_from(self._slot, 0)
         head = bytes(self._slot[_REPLY_HEADER.size:_REPLY_HEADER.size + min(length, capacity)])
         if length <= capacity:
             return head, resend_width
         rest = bytearray(reply[capacity:]) if self.rank == 0 else bytearray(length - capacity)
-        self.group.broadcast([torch.frombuffer(rest, dtype=torch.uint8)], dist.BroadcastOptions()).wait()
+        self._await_work(self.group.broadcast([torch.frombuffer(rest, dtype=torch.uint8)], dist.BroadcastOptions()))
         return head + bytes(rest), resend_width
 
     def _gather(self, slot: torch.Tensor, gathered: torch.Tensor | None, width: int) -> None:
@@ -236,7 +236,7 @@ class GlooControlChannel:
         if gathered is not None:
             tensor = _and_of_rows(gathered, self.size)
         assert self.group is not None
-        self.group.broadcast([tensor], dist.BroadcastOptions()).wait()
+        self._await_work(self.group.broadcast([tensor], dist.BroadcastOptions()))
         return tensor.tolist()
 
     def close(self) -> None:

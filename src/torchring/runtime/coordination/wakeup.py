@@ -40,6 +40,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from ..startup import discard_store_client, store_client
+from .failure_alarm import FailureAlarm, wait_unless_alarmed
 
 _LISTEN_TIMEOUT = timedelta(hours=1)
 #: How long a cycle's first collective after an idle epoch may take before the engine wakes its peers.
@@ -181,10 +182,12 @@ class DeferredWake:
     """The wake-up an engine owes its peers after it left an idle epoch on its own (see this module's text):
     paid only when the cycle's first collective has not completed within ``grace_s``."""
 
-    def __init__(self, waker: Waker, grace_s: float = WAKE_GRACE_S) -> None:
+    def __init__(self, waker: Waker, grace_s: float = WAKE_GRACE_S, alarm: FailureAlarm | None = None) -> None:
         self.waker = waker
         self._grace_s = grace_s
         self._owed: int | None = None
+        #: Another rank's engine failure, looked at while a collective waits long (``failure_alarm``).
+        self.alarm = alarm
 
     def owe(self, epoch: int) -> None:
         """This engine left idle ``epoch`` on its own: its next collective pays the wake-up if it must."""
@@ -193,13 +196,12 @@ class DeferredWake:
     def await_work(self, work: dist.Work, longer_s: float = 0.0) -> None:
         """Wait for ``work``, a collective every rank calls; first, while a wake-up is owed, poll it for
         ``grace_s`` (plus ``longer_s``: a collective that moves data takes that long with every rank in it)
-        and wake the peers if it has not completed by then."""
+        and wake the peers if it has not completed by then. A wait that lasts ends early once another
+        rank's engine posted its failure (``failure_alarm``)."""
         epoch, self._owed = self._owed, None
-        if epoch is None or self._completes_within(work, self._grace_s + longer_s):
-            work.wait()
-            return
-        self.waker.wake(epoch)
-        work.wait()
+        if epoch is not None and not self._completes_within(work, self._grace_s + longer_s):
+            self.waker.wake(epoch)
+        wait_unless_alarmed(work, self.alarm)
 
     @staticmethod
     def _completes_within(work: dist.Work, grace_s: float) -> bool:

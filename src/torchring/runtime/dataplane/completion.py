@@ -18,6 +18,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ...metrics.counters import METRICS
+from ..group_reaper import retire
 
 
 @dataclass
@@ -110,6 +111,8 @@ class Completer:
                 METRICS.phase("backend", time.perf_counter() - waited_from)
             result = launched.finish()
         except BaseException as error:  # noqa: BLE001 - a failed collective fails the engine, not this thread
+            if launched.work is not None:
+                retire(launched.work)  # the traceback refers to it (``group_reaper``)
             on_done(None, error)
             self._on_failure(error)
             return

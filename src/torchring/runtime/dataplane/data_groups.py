@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from ..devices import is_cuda
-from .group_reaper import retire
+from ..group_reaper import retire
 
 
 @dataclass

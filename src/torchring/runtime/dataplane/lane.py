@@ -32,6 +32,7 @@ from ...exceptions import HorovodInternalError
 from ...metrics.counters import METRICS
 from ...rank_failure import note_peer_failure
 from ..coordination.deadlock import BLOCKED_AFTER_S, LANE_SET, DeadlockWatch, call_site
+from ..group_reaper import retire
 from ..observe.flight_recorder import NULL_RECORDER, OpRecord, Recorder
 from ..observe.timeline import backend_activity
 from .buckets import Bucket, pack_bucket, unpack_bucket
@@ -287,8 +288,10 @@ class GradientLane:
                 self._wait_watched(work, in_flight.name, warn_s if warn_s > 0 and stall_checks else math.inf,
                                    blocks=stall_checks)
         except HorovodInternalError:
+            retire(work)  # the traceback refers to it (``group_reaper``)
             raise
         except RuntimeError as error:
+            retire(work)
             self._note_peer_failure(f"gradient allreduce '{in_flight.name}' failed: {error}")
             names = self.name_peers(str(error)) if self.name_peers is not None else ""
             raise HorovodInternalError(

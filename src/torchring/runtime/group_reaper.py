@@ -20,6 +20,11 @@ peer while the interpreter finalizes ends the process with ``terminate called wi
 exception`` (seen when the connection attempts to a dead peer, refused at once, ran out right at the
 exit), and the attempts that are refused at once run out within that time. One still waiting then (the
 wait of five times the timeout) is left waiting, which exits cleanly.
+
+A collective's ``Work`` that failed goes to the reaper too (:func:`retire_on_failure`): the error's
+traceback refers to it, and it can hold the last reference to its group's transport, whose destruction
+waits the same way. A rank 0 whose control gather had failed on a peer lost in an elastic job trained
+on with the survivors and then hung at exit, in the garbage collection that freed that traceback.
 """
 
 from __future__ import annotations
@@ -29,9 +34,11 @@ import os
 import queue
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["retire", "settle"]
+__all__ = ["retire", "retire_on_failure", "settle"]
 
 #: How often the reaper looks again at groups that others still refer to (while :func:`settle` waits).
 RECHECK_S = 0.5
@@ -67,6 +74,18 @@ def retire(group: object) -> None:
     """Destroy ``group`` on the reaper thread once nothing else refers to it. The caller drops its own
     references right after (a reference it keeps only delays the destruction)."""
     _inbox_of_this_process().put(group)
+
+
+@contextmanager
+def retire_on_failure(work: object | None) -> Iterator[None]:
+    """Around a wait for ``work`` (a c10d ``Work``): when the wait raises, hand ``work`` to the reaper, so
+    that whoever drops the error's traceback last only drops a reference (see the module's text)."""
+    try:
+        yield
+    except BaseException:
+        if work is not None:
+            retire(work)
+        raise
 
 
 def settle(timeout: float) -> bool:

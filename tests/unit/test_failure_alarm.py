@@ -1,0 +1,95 @@
+"""A failed engine's alarm in a real TCPStore (``runtime.coordination.failure_alarm``): posted signed and
+read back naming the rank, a forged one ignored, and a real Gloo collective that waits on a peer that
+never comes ended by a posted alarm within a slice, while one that is only late still completes."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tests.ports import free_port
+from torchring.exceptions import HorovodInternalError
+from torchring.runtime.coordination.failure_alarm import CHECK_EVERY_S, FailureAlarm, wait_unless_alarmed
+from torchring.store_auth import AuthenticatedStore, JobCredentials
+
+TIMEOUT = timedelta(seconds=20)
+
+
+@pytest.fixture
+def stores():
+    """The job's signed store as two ranks see it (each its own client) and the server."""
+    port = free_port()
+    server = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=TIMEOUT, wait_for_workers=False)
+    credentials = JobCredentials.new()
+    clients = [dist.TCPStore("127.0.0.1", port, is_master=False, timeout=TIMEOUT) for _ in range(2)]
+    yield port, server, [AuthenticatedStore(client, credentials) for client in clients]
+
+
+def test_a_posted_failure_is_read_by_another_rank_with_its_rank_and_error(stores) -> None:
+    _, _, (rank0, rank1) = stores
+    failed, waiting = FailureAlarm(rank0, "gen3"), FailureAlarm(rank1, "gen3")
+    assert waiting.posted() is None and not waiting.seen
+    failed.post(0, "Connection closed by peer [127.0.0.1]:7886\x1b[0m")
+    text = waiting.posted()
+    assert text is not None
+    assert text.startswith("rank 0's engine failed (Connection closed by peer [127.0.0.1]:7886?[0m)")
+    assert waiting.seen
+    waiting.post(1, "rank 0's engine failed (...)")  # its own failure, caused by the alarm: not posted over it
+    assert "rank 0's engine failed (Connection closed" in (FailureAlarm(rank0, "gen3").posted() or "")
+    assert FailureAlarm(rank1, "gen4").posted() is None  # another generation's alarm
+
+
+def test_a_forged_alarm_is_ignored(stores, caplog) -> None:
+    _, server, (_, rank1) = stores
+    server.set("gen3/engine-failed", json.dumps({"rank": 2, "text": "stop"}))  # no job signature
+    with caplog.at_level(logging.WARNING, logger="torchring"):  # it does not propagate once configured
+        assert FailureAlarm(rank1, "gen3").posted() is None
+    assert "not signed with the job's secret" in caplog.text
+
+
+def _two_ranks(port: int) -> list[dist.ProcessGroup]:
+    groups: list = [None, None]
+
+    def connect(rank: int) -> None:  # each rank's group connects to the other's: both at once
+        client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=TIMEOUT)
+        groups[rank] = dist.ProcessGroupGloo(dist.PrefixStore("gloo", client), rank, 2, TIMEOUT)
+
+    connecting = [threading.Thread(target=connect, args=(rank,)) for rank in (0, 1)]
+    for thread in connecting:
+        thread.start()
+    for thread in connecting:
+        thread.join()
+    return groups
+
+
+def test_a_posted_alarm_ends_a_wait_on_a_peer_that_never_comes(stores) -> None:
+    port, _, (rank0, rank1) = stores
+    groups = _two_ranks(port)
+    tensors = [torch.ones(4), torch.ones(4)]
+    work = groups[0].allreduce([tensors[0]])  # rank 1 does not take part (yet)
+    poster = threading.Timer(0.3, lambda: FailureAlarm(rank1, "gen1").post(1, "peer lost"))
+    poster.start()
+    started = time.monotonic()
+    with pytest.raises(HorovodInternalError, match=r"rank 1's engine failed \(peer lost\)"):
+        wait_unless_alarmed(work, FailureAlarm(rank0, "gen1"))
+    assert time.monotonic() - started < 0.3 + 2 * CHECK_EVERY_S + 2
+    groups[1].allreduce([tensors[1]]).wait()  # the collective ends, so that the groups can go
+    work.wait()
+
+
+def test_a_collective_that_is_only_late_completes_through_the_slices(stores) -> None:
+    port, _, (rank0, _) = stores
+    groups = _two_ranks(port)
+    tensors = [torch.ones(4), torch.ones(4)]
+    late = threading.Thread(target=lambda: (time.sleep(1.5 * CHECK_EVERY_S), groups[1].allreduce([tensors[1]]).wait()))
+    late.start()
+    wait_unless_alarmed(groups[0].allreduce([tensors[0]]), FailureAlarm(rank0, "gen1"))
+    late.join()
+    assert tensors[0].tolist() == [2.0] * 4

@@ -93,3 +93,26 @@ def test_a_collective_that_is_only_late_completes_through_the_slices(stores) -> 
     wait_unless_alarmed(groups[0].allreduce([tensors[0]]), FailureAlarm(rank0, "gen1"))
     late.join()
     assert tensors[0].tolist() == [2.0] * 4
+
+
+class _CompletedJustAfterTheSlice:
+    """A work whose timed wait ran out just before it completed, as c10d's ``Work.wait(timeout)`` can."""
+
+    def __init__(self) -> None:
+        self.untimed_waits = 0
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        if timeout is not None:
+            raise RuntimeError("Operation timed out!")
+        self.untimed_waits += 1
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+def test_a_work_that_completes_as_a_slice_runs_out_is_not_taken_for_a_failure(stores) -> None:
+    _, _, (rank0, _) = stores
+    work = _CompletedJustAfterTheSlice()
+    wait_unless_alarmed(work, FailureAlarm(rank0, "gen1"))  # it raised 'Operation timed out!' before
+    assert work.untimed_waits == 1

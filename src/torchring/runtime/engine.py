@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
+import traceback
 from collections.abc import Callable
 
 from ..exceptions import HorovodInternalError, TensorMismatchError
@@ -279,6 +280,9 @@ class Engine(CycleStart):
                 idle = self._goes_idle()  # the same on every rank
         except BaseException as error:  # noqa: BLE001 - every failure must reach the waiting ranks
             self._failure = error
+            # its frames' locals go (the traceback's lines stay): a failed collective's Work among them keeps
+            # the group's transport open, and a peer waiting on this rank would wait for Gloo's timeout
+            traceback.clear_frames(error.__traceback__)
             note_peer_failure(self._report_peer_failure, f"collective failed: {error}")
             text = self._failure_text(error)
             if not self.deadlocks.aborted:  # a step waiting in a gradient lane raises it too

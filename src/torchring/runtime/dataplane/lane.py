@@ -318,7 +318,10 @@ class GradientLane:
                     work.wait(timedelta(seconds=min(BLOCKED_AFTER_S, warn_s)))  # warn_s may be infinite
                     return
                 except RuntimeError as error:
-                    if work.is_completed() or "timed out" not in str(error).lower():
+                    if work.is_completed():  # meanwhile, or with its own error: the untimed wait says which
+                        work.wait()
+                        return
+                    if "timed out" not in str(error).lower():
                         raise
                 if watch is not None:
                     if watch.aborted:

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from tests.gloo_pair import two_rank_groups
 from tests.ports import free_port
 from torchring.exceptions import HorovodInternalError
 from torchring.runtime.coordination.failure_alarm import CHECK_EVERY_S, FailureAlarm, wait_unless_alarmed
@@ -54,24 +55,9 @@ def test_a_forged_alarm_is_ignored(stores, caplog) -> None:
     assert "not signed with the job's secret" in caplog.text
 
 
-def _two_ranks(port: int) -> list[dist.ProcessGroup]:
-    groups: list = [None, None]
-
-    def connect(rank: int) -> None:  # each rank's group connects to the other's: both at once
-        client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=TIMEOUT)
-        groups[rank] = dist.ProcessGroupGloo(dist.PrefixStore("gloo", client), rank, 2, TIMEOUT)
-
-    connecting = [threading.Thread(target=connect, args=(rank,)) for rank in (0, 1)]
-    for thread in connecting:
-        thread.start()
-    for thread in connecting:
-        thread.join()
-    return groups
-
-
 def test_a_posted_alarm_ends_a_wait_on_a_peer_that_never_comes(stores) -> None:
     port, _, (rank0, rank1) = stores
-    groups = _two_ranks(port)
+    groups = two_rank_groups(port, TIMEOUT)
     tensors = [torch.ones(4), torch.ones(4)]
     work = groups[0].allreduce([tensors[0]])  # rank 1 does not take part (yet)
     poster = threading.Timer(0.3, lambda: FailureAlarm(rank1, "gen1").post(1, "peer lost"))
@@ -86,7 +72,7 @@ def test_a_posted_alarm_ends_a_wait_on_a_peer_that_never_comes(stores) -> None:
 
 def test_a_collective_that_is_only_late_completes_through_the_slices(stores) -> None:
     port, _, (rank0, _) = stores
-    groups = _two_ranks(port)
+    groups = two_rank_groups(port, TIMEOUT)
     tensors = [torch.ones(4), torch.ones(4)]
     late = threading.Thread(target=lambda: (time.sleep(1.5 * CHECK_EVERY_S), groups[1].allreduce([tensors[1]]).wait()))
     late.start()

@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from tests.gloo_pair import two_rank_groups
 from tests.ports import free_port
 from torchring.runtime.coordination.wakeup import DeferredWake, StoreWaker
 from torchring.runtime.startup import discard_store_client
@@ -128,17 +129,7 @@ def test_a_late_listener_skips_an_epoch_released_before_it_got_there(store) -> N
 
 def _two_rank_allreduce(port: int, late_s: float, wake: DeferredWake) -> None:
     """Rank 0 awaits an allreduce through ``wake`` (which owes epoch 9); rank 1 joins it ``late_s`` later."""
-    groups: list = [None, None]
-
-    def connect(rank: int) -> None:  # each rank's group connects to the other's: both at once
-        client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=TIMEOUT)
-        groups[rank] = dist.ProcessGroupGloo(dist.PrefixStore("gloo", client), rank, 2, TIMEOUT)
-
-    connecting = [threading.Thread(target=connect, args=(rank,)) for rank in (0, 1)]
-    for thread in connecting:
-        thread.start()
-    for thread in connecting:
-        thread.join()
+    groups = two_rank_groups(port, TIMEOUT)
     tensors = [torch.ones(4), torch.ones(4)]
     late = threading.Thread(target=lambda: (time.sleep(late_s), groups[1].allreduce([tensors[1]]).wait()))
     late.start()

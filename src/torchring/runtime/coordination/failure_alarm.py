@@ -23,7 +23,7 @@ from ...exceptions import HorovodInternalError
 from ...store_auth import AuthenticatedStore
 from ..group_reaper import retire_on_failure
 
-__all__ = ["CHECK_EVERY_S", "FailureAlarm", "wait_unless_alarmed"]
+__all__ = ["CHECK_EVERY_S", "FailureAlarm", "wait_slice", "wait_unless_alarmed"]
 
 #: How long a collective waits before each look at the alarm (with 1 s a hot spare's recovery took 2.15 s, 1.32 s
 #: with 0.1 s: ``benchmarks/elastic_statistics.py --only recovery``).
@@ -68,6 +68,21 @@ class FailureAlarm:
         return f"rank {rank}'s engine failed ({shown}), so the collective this rank waited in cannot complete"
 
 
+def wait_slice(work: Any, seconds: float) -> bool:
+    """Wait up to ``seconds`` for ``work`` (a c10d ``Work``): True once it completed (raising its own error if
+    it failed), False when the slice ran out first."""
+    try:
+        work.wait(timedelta(seconds=seconds))
+        return True
+    except RuntimeError as error:
+        if work.is_completed():  # meanwhile, or with its own error: the untimed wait says which
+            work.wait()
+            return True
+        if "timed out" not in str(error).lower():
+            raise
+        return False
+
+
 def wait_unless_alarmed(work: Any, alarm: FailureAlarm | None) -> None:
     """Wait for ``work`` (a c10d ``Work``); every ``CHECK_EVERY_S`` look at ``alarm`` and raise
     ``HorovodInternalError`` with what it says once a failed engine posted it. A ``work`` whose wait
@@ -76,16 +91,7 @@ def wait_unless_alarmed(work: Any, alarm: FailureAlarm | None) -> None:
         if alarm is None:
             work.wait()
             return
-        while True:
-            try:
-                work.wait(timedelta(seconds=CHECK_EVERY_S))
-                return
-            except RuntimeError as error:
-                if work.is_completed():  # meanwhile, or with its own error: the untimed wait says which
-                    work.wait()
-                    return
-                if "timed out" not in str(error).lower():
-                    raise
+        while not wait_slice(work, CHECK_EVERY_S):
             text = alarm.posted()
             if text is not None:
                 raise HorovodInternalError(text)

@@ -21,7 +21,6 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 import torch
@@ -32,6 +31,7 @@ from ...exceptions import HorovodInternalError
 from ...metrics.counters import METRICS
 from ...rank_failure import note_peer_failure
 from ..coordination.deadlock import BLOCKED_AFTER_S, LANE_SET, DeadlockWatch, call_site
+from ..coordination.failure_alarm import wait_slice
 from ..group_reaper import retire
 from ..observe.flight_recorder import NULL_RECORDER, OpRecord, Recorder
 from ..observe.timeline import backend_activity
@@ -314,15 +314,8 @@ class GradientLane:
         blocked = False
         try:
             while True:
-                try:
-                    work.wait(timedelta(seconds=min(BLOCKED_AFTER_S, warn_s)))  # warn_s may be infinite
+                if wait_slice(work, min(BLOCKED_AFTER_S, warn_s)):  # warn_s may be infinite
                     return
-                except RuntimeError as error:
-                    if work.is_completed():  # meanwhile, or with its own error: the untimed wait says which
-                        work.wait()
-                        return
-                    if "timed out" not in str(error).lower():
-                        raise
                 if watch is not None:
                     if watch.aborted:
                         raise HorovodInternalError(watch.aborted)

@@ -32,7 +32,7 @@ from ...metrics.counters import METRICS
 from ...rank_failure import note_peer_failure
 from ..coordination.deadlock import BLOCKED_AFTER_S, LANE_SET, DeadlockWatch, call_site
 from ..coordination.failure_alarm import wait_slice
-from ..group_reaper import retire
+from ..group_reaper import retire_on_failure
 from ..observe.flight_recorder import NULL_RECORDER, OpRecord, Recorder
 from ..observe.timeline import backend_activity
 from .buckets import Bucket, pack_bucket, unpack_bucket
@@ -277,27 +277,26 @@ class GradientLane:
         work = in_flight.reduction.work
         assert work is not None
         warn_s = self._settings.stall_warning_s
-        try:
-            if in_flight.wire.is_cuda:
-                # CUDA: wait() orders the current stream after the collective without blocking the CPU, and
-                # a timed wait could abort the communicator; a thread of its own warns about a long one
-                work.wait()
-                if stall_checks:
-                    self._cuda_stalls.watch(work, in_flight.name)
-            else:  # with the stall check off (warn_s <= 0) or a joined rank's zeros: no warnings, still probes
-                self._wait_watched(work, in_flight.name, warn_s if warn_s > 0 and stall_checks else math.inf,
-                                   blocks=stall_checks)
-        except HorovodInternalError:
-            retire(work)  # the traceback refers to it (``group_reaper``)
-            raise
-        except RuntimeError as error:
-            retire(work)
-            self._note_peer_failure(f"gradient allreduce '{in_flight.name}' failed: {error}")
-            names = self.name_peers(str(error)) if self.name_peers is not None else ""
-            raise HorovodInternalError(
-                f"gradient allreduce '{in_flight.name}' failed: {error}{f' ({names})' if names else ''}. Another "
-                "rank probably failed or stopped; see its output."
-            ) from error
+        with retire_on_failure(work):  # the error's traceback refers to it (``group_reaper``)
+            try:
+                if in_flight.wire.is_cuda:
+                    # CUDA: wait() orders the current stream after the collective without blocking the CPU, and
+                    # a timed wait could abort the communicator; a thread of its own warns about a long one
+                    work.wait()
+                    if stall_checks:
+                        self._cuda_stalls.watch(work, in_flight.name)
+                else:  # with the stall check off (warn_s <= 0) or a joined rank's zeros: no warnings, still probes
+                    self._wait_watched(work, in_flight.name, warn_s if warn_s > 0 and stall_checks else math.inf,
+                                       blocks=stall_checks)
+            except HorovodInternalError:
+                raise
+            except RuntimeError as error:
+                self._note_peer_failure(f"gradient allreduce '{in_flight.name}' failed: {error}")
+                names = self.name_peers(str(error)) if self.name_peers is not None else ""
+                raise HorovodInternalError(
+                    f"gradient allreduce '{in_flight.name}' failed: {error}{f' ({names})' if names else ''}. Another "
+                    "rank probably failed or stopped; see its output."
+                ) from error
 
     def _wait_watched(self, work: Any, name: str, warn_s: float, blocks: bool = True) -> None:
         """Wait for a CPU bucket's allreduce in slices of ``BLOCKED_AFTER_S``: after the first, tell the

@@ -94,3 +94,22 @@ def test_distributed_optimizer_with_one_rank_is_the_plain_optimizer(initialized)
     optimizer.step()
     assert not torch.equal(before, model.weight)
     assert isinstance(optimizer, torch.optim.SGD)
+
+
+def test_a_rank_that_never_comes_leaves_no_thread_of_the_failed_init_behind(monkeypatch, tmp_path):
+    import threading
+
+    from tests.ports import free_port
+
+    hvd.shutdown()
+    # rank 0 of 2 under a torchrun-like environment: the waker and the flight recorder start before this
+    # rank's arrival is posted, and go when the meeting fails
+    for name, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "TORCHRING_START_TIMEOUT": "1",
+                        "TORCHRING_FLIGHT_RECORD": str(tmp_path / "flight.jsonl")}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(RuntimeError, match=r"rank\(s\) \[1\] of 2 never called hvd.init\(\)"):
+        hvd.init()
+    assert not hvd.is_initialized()
+    left = [t.name for t in threading.enumerate() if t.name.startswith(("torchring-waker", "torchring-flight"))]
+    assert left == []

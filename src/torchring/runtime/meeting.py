@@ -43,17 +43,18 @@ def _answer_key(prefix: str, rank: int) -> str:
     return f"{prefix}/topology/{rank}"
 
 
-def meet(store: AuthenticatedStore, prefix: str, info: RankInfo, shared: Sequence[int],
-         timeout: timedelta, meanwhile: Callable[[], None] | None = None) -> tuple[Topology, list[tuple[int, ...]]]:
+def meet(store: AuthenticatedStore, prefix: str, info: RankInfo, shared: Sequence[int], timeout: timedelta,
+         before_arrival: Callable[[], None] | None = None) -> tuple[Topology, list[tuple[int, ...]]]:
     """This rank's topology and the shared engine values: every rank's on rank 0 (in rank order), rank 0's
-    alone elsewhere. Every rank of the job calls it once per generation ``prefix``. ``meanwhile`` runs once
-    this rank's arrival is posted, before it waits for the others (start-up work that needs no answer)."""
+    alone elsewhere. Every rank of the job calls it once per generation ``prefix``. ``before_arrival`` runs
+    before this rank's arrival is posted (start-up work that needs no answer: the last rank to arrive does it
+    before the others wake up, not while they compete for the CPU)."""
     hostname = info.hostname or socket.gethostname()
     mine = [hostname, info.local_rank, info.local_size, info.cross_rank, info.cross_size]
+    if before_arrival is not None:
+        before_arrival()
     if info.size > 1:
         store.set(_arrival_key(prefix, info.rank), json.dumps([mine, list(shared)]))
-    if meanwhile is not None:
-        meanwhile()
     if info.size == 1:
         return derive_topologies([tuple(mine)])[0], [tuple(shared)]
     if info.size <= DIRECT_MEETING_MAX_RANKS:

@@ -1,5 +1,5 @@
 """Blocking waits poll for their result for ``TORCHRING_WAIT_SPIN_US`` before they sleep, only while the
-host has a CPU for each of its ranks (``context.wait_spin_seconds``); unset, only where this host wakes
+host has a CPU for each of its ranks (``wake_probe.wait_spin_seconds``); unset, only where this host wakes
 sleeping threads slowly (``wake_probe``)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import time
 import torch
 
 from torchring.runtime import wake_probe
-from torchring.runtime.context import wait_spin_seconds
 from torchring.runtime.requests import OpType, Request, RequestMeta
+from torchring.runtime.wake_probe import wait_spin_seconds
 from torchring.settings import Settings
 
 

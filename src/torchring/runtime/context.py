@@ -7,7 +7,6 @@ import functools
 import json
 import logging
 import math
-import os
 import socket
 import sys
 import threading
@@ -182,20 +181,6 @@ def _apply_gil_switch_interval(settings: Settings) -> None:
     """
     if (given := settings.gil_switch_interval_ms) is not None and given > 0:
         sys.setswitchinterval(given / 1000.0)
-
-
-def wait_spin_seconds(settings: Settings, local_size: int) -> float | None:
-    """How long a blocking wait polls for its result: ``TORCHRING_WAIT_SPIN_US`` when set; None (left unset)
-    for ``wake_probe.auto_spin_seconds``, 1.5 ms where this host wakes sleeping threads slowly, else 0 (the
-    probe is started here); 0 while this host has fewer CPUs than ranks (polling would take the CPU from a
-    rank that works)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if local_size > cpus:
-        return 0.0
-    if settings.wait_spin_us is not None:
-        return settings.wait_spin_us * 1e-6
-    wake_probe.start()
-    return None
 
 
 def _shared_engine_values(settings: Settings) -> tuple[int, ...]:
@@ -395,7 +380,7 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
         clock.lap("engine")
         _runtime = Runtime(environment, topology, store, signed, control_group, table, engine, _generation,
                            dynamic_process_sets, settings, lanes, metrics_publisher, recorder, first_step_key,
-                           clock.seconds, wait_spin_s=wait_spin_seconds(settings, topology.local_size))
+                           clock.seconds, wait_spin_s=wake_probe.wait_spin_seconds(settings, topology.local_size))
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True

@@ -207,7 +207,7 @@ def synchronize(handle: int) -> Any:
 def _wait_announced(completion: Completion) -> None:
     """Wait for ``completion``. The engine first stops waiting for more of this thread's submissions (a
     burst of ``*_async`` calls followed by ``synchronize`` is over); the wait polls for the result for
-    ``TORCHRING_WAIT_SPIN_US`` before it sleeps when its tensors are small (``context.wait_spin_seconds``: a
+    ``TORCHRING_WAIT_SPIN_US`` before it sleeps when its tensors are small (``wake_probe.wait_spin_seconds``: a
     larger one takes longer than that, and polling takes the CPU its transfer needs); a request still not done
     after ``BLOCKED_AFTER_S`` is announced as blocked at its call site, for the deadlock watch (``deadlock``),
     and has the engine cycle once per ``BLOCKED_AFTER_S`` while it waits (``Engine.probe``)."""

@@ -11,8 +11,13 @@ and 0.8-1.0 ms without. The probe takes about 15 ms, once per process, on a thre
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..settings import Settings
 
 #: A wake-up at least this late (the probe's lower quartile) makes blocking waits poll first.
 SLOW_WAKEUP_S = 30e-6
@@ -86,3 +91,17 @@ def auto_spin_seconds() -> float:
     """How long blocking waits poll when ``TORCHRING_WAIT_SPIN_US`` is not set: 0 until ``start``'s
     measurement is done, then ``spin_for`` its result."""
     return _auto_spin_s
+
+
+def wait_spin_seconds(settings: Settings, local_size: int) -> float | None:
+    """How long a blocking wait polls for its result: ``TORCHRING_WAIT_SPIN_US`` when set; None (left unset)
+    for ``wake_probe.auto_spin_seconds``, 1.5 ms where this host wakes sleeping threads slowly, else 0 (the
+    probe is started here); 0 while this host has fewer CPUs than ranks (polling would take the CPU from a
+    rank that works)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if local_size > cpus:
+        return 0.0
+    if settings.wait_spin_us is not None:
+        return settings.wait_spin_us * 1e-6
+    start()
+    return None

@@ -113,3 +113,19 @@ def test_a_rank_that_never_comes_leaves_no_thread_of_the_failed_init_behind(monk
     assert not hvd.is_initialized()
     left = [t.name for t in threading.enumerate() if t.name.startswith(("torchring-waker", "torchring-flight"))]
     assert left == []
+
+
+def test_a_process_set_outside_the_job_is_refused_before_anything_starts(monkeypatch, tmp_path):
+    import threading
+
+    from tests.ports import free_port
+
+    hvd.shutdown()
+    for name, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "TORCHRING_START_TIMEOUT": "60",
+                        "TORCHRING_FLIGHT_RECORD": str(tmp_path / "flight.jsonl")}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=r"process set ranks \[0, 3\] must be ranks of this job \(size 2\)"):
+        hvd.init(process_sets=[hvd.ProcessSet([0, 3])])  # refused at once, not after the start timeout
+    left = [t.name for t in threading.enumerate() if t.name.startswith(("torchring-waker", "torchring-flight"))]
+    assert left == []

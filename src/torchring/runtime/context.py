@@ -309,6 +309,10 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
         signed = AuthenticatedStore(store, credentials)
         # elastic: every rank joined already, so the meeting waits like a collective (a lost rank fails it in time)
         meeting_timeout = timeout if isinstance(environment, ElasticLauncherEnvironment) else rendezvous_timeout
+        # checked before anything starts: the waker and the recorder start before the meeting
+        for members in process_sets or []:
+            if not members or any(not 0 <= r < info.size for r in members):
+                raise ValueError(f"process set ranks {list(members)} must be ranks of this job (size {info.size})")
         lazy = settings.lazy_connect
         groups: list[tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]] = []
         waker: Waker = LocalWaker()
@@ -356,9 +360,6 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
         )
         clock.lap("nccl group")
         table = ProcessSetTable(info.rank, info.size, data_groups, _group_factory(store, prefix, timeout, lazy))
-        for members in process_sets or []:
-            if not members or any(not 0 <= r < info.size for r in members):
-                raise ValueError(f"process set ranks {list(members)} must be ranks of this job (size {info.size})")
         process_set_ids = [table.add(members) for members in process_sets or []]
         clock.lap("process sets")
         wake = DeferredWake(waker, alarm=FailureAlarm(signed, prefix))

@@ -96,36 +96,36 @@ def test_distributed_optimizer_with_one_rank_is_the_plain_optimizer(initialized)
     assert isinstance(optimizer, torch.optim.SGD)
 
 
-def test_a_rank_that_never_comes_leaves_no_thread_of_the_failed_init_behind(monkeypatch, tmp_path):
-    import threading
 
+def _rank_0_of_two(monkeypatch, tmp_path, start_timeout_s: int) -> None:
+    """This process as rank 0 of a 2-rank torchrun-like job whose rank 1 never comes, with a flight record."""
     from tests.ports import free_port
 
     hvd.shutdown()
-    # rank 0 of 2 under a torchrun-like environment: the waker and the flight recorder start before this
-    # rank's arrival is posted, and go when the meeting fails
     for name, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
-                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "TORCHRING_START_TIMEOUT": "1",
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+                        "TORCHRING_START_TIMEOUT": str(start_timeout_s),
                         "TORCHRING_FLIGHT_RECORD": str(tmp_path / "flight.jsonl")}.items():
         monkeypatch.setenv(name, value)
+
+
+def _waker_and_recorder_threads() -> list[str]:
+    import threading
+
+    return [t.name for t in threading.enumerate() if t.name.startswith(("torchring-waker", "torchring-flight"))]
+
+
+def test_a_rank_that_never_comes_leaves_no_thread_of_the_failed_init_behind(monkeypatch, tmp_path):
+    # the waker and the flight recorder start before this rank's arrival is posted, and go when the meeting fails
+    _rank_0_of_two(monkeypatch, tmp_path, start_timeout_s=1)
     with pytest.raises(RuntimeError, match=r"rank\(s\) \[1\] of 2 never called hvd.init\(\)"):
         hvd.init()
     assert not hvd.is_initialized()
-    left = [t.name for t in threading.enumerate() if t.name.startswith(("torchring-waker", "torchring-flight"))]
-    assert left == []
+    assert _waker_and_recorder_threads() == []
 
 
 def test_a_process_set_outside_the_job_is_refused_before_anything_starts(monkeypatch, tmp_path):
-    import threading
-
-    from tests.ports import free_port
-
-    hvd.shutdown()
-    for name, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
-                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "TORCHRING_START_TIMEOUT": "60",
-                        "TORCHRING_FLIGHT_RECORD": str(tmp_path / "flight.jsonl")}.items():
-        monkeypatch.setenv(name, value)
+    _rank_0_of_two(monkeypatch, tmp_path, start_timeout_s=60)
     with pytest.raises(ValueError, match=r"process set ranks \[0, 3\] must be ranks of this job \(size 2\)"):
         hvd.init(process_sets=[hvd.ProcessSet([0, 3])])  # refused at once, not after the start timeout
-    left = [t.name for t in threading.enumerate() if t.name.startswith(("torchring-waker", "torchring-flight"))]
-    assert left == []
+    assert _waker_and_recorder_threads() == []

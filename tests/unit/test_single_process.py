@@ -124,6 +124,25 @@ def test_a_rank_that_never_comes_leaves_no_thread_of_the_failed_init_behind(monk
     assert _waker_and_recorder_threads() == []
 
 
+def test_a_failure_after_the_meeting_leaves_no_thread_behind_and_the_next_init_works(monkeypatch, tmp_path):
+    # the timeline is opened last before the engine starts: its file cannot be made here (a file is in the way)
+    hvd.shutdown()
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("TORCHRING_FLIGHT_RECORD", str(tmp_path / "flight.jsonl"))
+    monkeypatch.setenv("HOROVOD_TIMELINE", str(tmp_path / "a-file" / "timeline.json"))
+    with pytest.raises(OSError, match="timeline.json"):
+        hvd.init()
+    assert not hvd.is_initialized()
+    assert _waker_and_recorder_threads() == []
+    monkeypatch.setenv("HOROVOD_TIMELINE", str(tmp_path / "timeline.json"))
+    hvd.init()
+    try:
+        assert torch.equal(hvd.allreduce(torch.ones(2), op=hvd.Sum), torch.ones(2))
+    finally:
+        hvd.shutdown()
+    assert (tmp_path / "timeline.json").exists()
+
+
 def test_a_process_set_outside_the_job_is_refused_before_anything_starts(monkeypatch, tmp_path):
     _rank_0_of_two(monkeypatch, tmp_path, start_timeout_s=60)
     with pytest.raises(ValueError, match=r"process set ranks \[0, 3\] must be ranks of this job \(size 2\)"):

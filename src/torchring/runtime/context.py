@@ -46,7 +46,7 @@ from .dataplane.cuda_groups import cuda_group
 from .dataplane.data_groups import DataGroups
 from .dataplane.executor import Executor
 from .dataplane.lane_registry import GroupOpener, LaneRegistry
-from .dataplane.process_set_table import ProcessSetTable
+from .dataplane.process_set_table import ProcessSetTable, release_groups_of_a_failed_start
 from .engine import Engine
 from .group_reaper import settle
 from .meeting import meet
@@ -340,44 +340,41 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
             recorder = open_recorder(settings.flight_record, info.rank, info.size)
             clock.lap("waker")
 
-        try:
+        data_groups: DataGroups | None = None
+        table: ProcessSetTable | None = None
+        try:  # whatever fails until the engine runs leaves no thread, socket or group behind
             topology, shared_values = meet(signed, prefix, info, _shared_engine_values(settings), meeting_timeout,
                                            before_arrival=before_arrival)
+            engine_settings = _engine_settings(shared_values, info.rank, settings)
+            clock.lap("rendezvous")
+            if not early:
+                open_groups()
+            control_group, data_group = groups[0]
+            data_groups = DataGroups(cpu=data_group, cuda=cuda_group(dist.PrefixStore(f"{prefix}/nccl", store),
+                                                                     info.rank, info.size, data_group))
+            clock.lap("nccl group")
+            table = ProcessSetTable(info.rank, info.size, data_groups, _group_factory(store, prefix, timeout, lazy))
+            process_set_ids = [table.add(members) for members in process_sets or []]
+            clock.lap("process sets")
+            wake = DeferredWake(waker, alarm=FailureAlarm(signed, prefix))
+            control = GlooControlChannel(control_group, info.rank, info.size, wake.await_work)
+            report_peer_failure = _peer_failure_reporter(environment, signed, info.rank)
+            engine = Engine(info.rank, info.size, control, Executor(table, info.rank), table, wake, engine_settings,
+                            report_peer_failure, skip_auto_name, _deadlock_reporter(environment, signed))
+            engine.recorder = recorder
+            if info.size > 1:
+                engine.name_peers = functools.partial(name_addresses, store=signed, prefix=prefix)
+            engine.timeline = _initial_timeline(info.rank, settings) or engine.timeline
         except BaseException:
             waker.close()
             recorder.close()
-            for made in groups:  # their worker threads and sockets go now, not with the traceback
-                for group in made:
-                    DataGroups(group).shutdown()
+            release_groups_of_a_failed_start(groups, data_groups, table)
             raise
-        engine_settings = _engine_settings(shared_values, info.rank, settings)
-        clock.lap("rendezvous")
-        if not early:
-            open_groups()
-        control_group, data_group = groups[0]
-        data_groups = DataGroups(
-            cpu=data_group, cuda=cuda_group(dist.PrefixStore(f"{prefix}/nccl", store), info.rank, info.size, data_group)
-        )
-        clock.lap("nccl group")
-        table = ProcessSetTable(info.rank, info.size, data_groups, _group_factory(store, prefix, timeout, lazy))
-        process_set_ids = [table.add(members) for members in process_sets or []]
-        clock.lap("process sets")
-        wake = DeferredWake(waker, alarm=FailureAlarm(signed, prefix))
-        control = GlooControlChannel(control_group, info.rank, info.size, wake.await_work)
-        report_peer_failure = _peer_failure_reporter(environment, signed, info.rank)
-        engine = Engine(info.rank, info.size, control, Executor(table, info.rank), table, wake,
-                        engine_settings, report_peer_failure, skip_auto_name, _deadlock_reporter(environment, signed))
-        timeline = _initial_timeline(info.rank, settings)
-        if timeline is not None:
-            engine.timeline = timeline
-        engine.recorder = recorder
-        if info.size > 1:
-            engine.name_peers = functools.partial(name_addresses, store=signed, prefix=prefix)
         engine.start()
         lanes = LaneRegistry(generation_prefix(_generation), _lane_group_opener(store, table, timeout, lazy),
                              lambda: engine.timeline, recorder, report_peer_failure, engine.deadlocks)
         lanes.name_peers = engine.name_peers
-        metrics_publisher = _start_metrics(signed, topology, settings)
+        metrics_publisher = _start_metrics(signed, topology, settings)  # never raises (a port in use: a warning)
         clock.lap("engine")
         _runtime = Runtime(environment, topology, store, signed, control_group, table, engine, _generation,
                            dynamic_process_sets, settings, lanes, metrics_publisher, recorder, first_step_key,

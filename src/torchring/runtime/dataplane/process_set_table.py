@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..requests import OpType, RequestMeta
 from .data_groups import DataGroups
@@ -82,3 +83,19 @@ class ProcessSetTable:
 
     def all_groups(self) -> list[DataGroups]:
         return [entry.groups for entry in self._sets.values() if entry.groups is not None]
+
+
+def release_groups_of_a_failed_start(created: list[tuple[Any, ...]], data_groups: DataGroups | None,
+                                     table: ProcessSetTable | None) -> None:
+    """Release, now and once each, every process group a failed ``init()`` opened: the groups it created
+    (``created``, emptied), the CUDA group beside them and the process sets' groups. A group is retired once
+    only: the reaper destroys a group once nothing but its one entry there refers to it."""
+    holders = [holder for holder in [data_groups, *(table.all_groups() if table else [])] if holder is not None]
+    made = [group for groups in created for group in groups] + [g for h in holders for g in (h.cpu, h.cuda)]
+    opened = {id(group): group for group in made if group is not None}
+    for holder in holders:
+        holder.cpu = holder.cuda = None
+    created.clear()
+    made.clear()
+    for group in opened.values():
+        DataGroups(group).shutdown()

@@ -96,6 +96,5 @@ def release_groups_of_a_failed_start(created: list[tuple[Any, ...]], data_groups
     for holder in holders:
         holder.cpu = holder.cuda = None
     created.clear()
-    made.clear()
     for group in opened.values():
         DataGroups(group).shutdown()

@@ -38,8 +38,9 @@ def test_a_posted_failure_is_read_by_another_rank_with_its_rank_and_error(stores
     failed, waiting = FailureAlarm(rank0, "gen3"), FailureAlarm(rank1, "gen3")
     assert waiting.posted() is None and not waiting.seen
     failed.post(0, "Connection closed by peer [127.0.0.1]:7886\x1b[0m")
+    _until_visible(rank1, "gen3/engine-failed")
     text = waiting.posted()
-    assert text is not None
+    assert text is not None, _why_unread(rank1, "gen3/engine-failed")
     assert text.startswith("rank 0's engine failed (Connection closed by peer [127.0.0.1]:7886?[0m)")
     assert waiting.seen
     waiting.post(1, "rank 0's engine failed (...)")  # its own failure, caused by the alarm: not posted over it
@@ -50,6 +51,7 @@ def test_a_posted_failure_is_read_by_another_rank_with_its_rank_and_error(stores
 def test_a_forged_alarm_is_ignored(stores) -> None:
     _, server, (_, rank1) = stores
     server.set("gen3/engine-failed", json.dumps({"rank": 2, "text": "stop"}))  # no job signature
+    _until_visible(rank1, "gen3/engine-failed")
     warnings = _Warnings()
     logger = logging.getLogger("torchring")
     level = logger.level
@@ -60,9 +62,23 @@ def test_a_forged_alarm_is_ignored(stores) -> None:
     finally:
         logger.removeHandler(warnings)
         logger.setLevel(level)
-    assert rank1.rejected == {"gen3/engine-failed"}  # read and refused, not missed
+    assert rank1.rejected == {"gen3/engine-failed"}, _why_unread(rank1, "gen3/engine-failed")  # read and refused
     state = f"level {level}, disabled {logger.disabled}, logging.disable {logging.root.manager.disable}"
     assert any("not signed with the job's secret" in line for line in warnings.lines), state
+
+
+def _until_visible(store: AuthenticatedStore, key: str) -> None:
+    """Wait until this client sees ``key``: a TCPStore ``set`` is not answered, so another client's next
+    request can reach the server before it (a read right after it missed the value 1 time in 8 under load)."""
+    store.raw.wait([key], TIMEOUT)
+
+
+def _why_unread(store: AuthenticatedStore, key: str) -> str:
+    """What this client's store says of ``key`` now (``FailureAlarm.posted`` turns a store error into None)."""
+    try:
+        return f"the key exists: {store.raw.check([key])}; its raw value: {store.raw.get(key)[:80]!r}"
+    except Exception as error:  # noqa: BLE001 - the error is the answer
+        return f"the store failed: {error!r}"
 
 
 class _Warnings(logging.Handler):

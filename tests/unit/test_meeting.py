@@ -58,6 +58,7 @@ def test_every_rank_learns_its_topology_and_rank_0s_shared_values(server):
     assert results[0][1] == [(0, 7), (10, 7), (20, 7), (30, 7)]  # rank 0 sees everyone's (it warns on mismatch)
     assert all(result[1] == [(0, 7)] for result in results[1:])  # the others get rank 0's
     client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10), wait_for_workers=False)
+    client.wait(["gen1/hosts"])  # rank 0's set is not answered: another client sees it once the server has it
     assert decode_host_table(AuthenticatedStore(client, credentials).get("gen1/hosts")) == {"a": [0, 1], "b": [2, 3]}
 
 

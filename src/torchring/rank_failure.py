@@ -193,6 +193,9 @@ def record_uncaught(error: BaseException, tb: TracebackType | None) -> None:
             store = _signed_store()
             if store is not None:
                 store.set(key, value)
+                # a TCPStore set is not answered: this answered request on the same connection returns once the
+                # server has the record, before this process exits and the launcher, seeing it gone, reads it
+                store.check([key])
         except Exception:  # noqa: BLE001 - the launcher may be gone: the traceback still reaches the user
             pass
 

@@ -20,3 +20,14 @@ def test_rank_that_never_arrives_is_named_after_the_start_timeout():
     assert result.returncode == 1
     assert "rank(s) [1] of 2 never called hvd.init()" in result.stderr
     assert "torchring run: rank 0 (pid" in result.stderr
+
+
+def test_a_rank_with_other_shared_engine_values_runs_with_rank_0s():
+    """Five ranks (rank 0 answers the meeting, exchanges go through rank 0): rank 2's engine, built before
+    the meeting with its own values, is built again with rank 0's, and its first one leaves no thread."""
+    result = run_job("run", "-np", "5", *python_script("uneven_engine_settings.py"))
+    assert result.returncode == 0, result.stderr
+    expected = f"fusion {128 * 1024 * 1024} cache 1024 gather 3 completion-threads 1 sum 5.0"
+    for rank in range(5):
+        assert result.lines("stdout", rank) == [expected], (rank, result.stdout)
+    assert "ranks set different HOROVOD_FUSION_THRESHOLD/HOROVOD_CACHE_CAPACITY" in result.stderr

@@ -15,7 +15,7 @@ import pytest
 
 from torchring.runtime.startup import lazy_connection_available
 
-from .jobs import SCRIPTS
+from .jobs import SCRIPTS, python_script, run_job
 
 pytestmark = pytest.mark.skipif(not lazy_connection_available(),
                                 reason="this torch connects a group's full mesh when it is created (torch < 2.8)")
@@ -47,3 +47,15 @@ def test_a_process_exits_without_waiting_for_a_retired_groups_dead_peer():
     # at most group_reaper.EXIT_SETTLE_S (5 s) for the attempts that are refused at once, then it exits while
     # the group still waits for its peer (up to 30 s), and never aborts (the exit status above)
     assert exited < 20.0, f"the process took {exited:.1f} s to exit (its group's peer gives up after 30 s)"
+
+
+def test_shutdown_leaves_no_group_for_the_reaper_to_wait_for():
+    """After ``shutdown()`` nothing but the reaper refers to the job's groups, so it destroys them at once:
+    a reference cycle that kept them once made every process wait 5 s at exit (an elastic job's hang
+    detector then ended its finished workers as hung)."""
+    result = run_job("run", "-np", "3", *python_script("shutdown_settles.py"))
+    assert result.returncode == 0, result.stderr
+    for rank in range(3):
+        report = json.loads(result.lines("stdout", rank)[-1])
+        assert [cycle["settled"] for cycle in report] == [True, True], report
+        assert all(cycle["shutdown_s"] < 1.0 for cycle in report), report

@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("runtime.coordination",),
     ("runtime.dataplane",),
     ("runtime.engine", "runtime.cycle_start"),
-    ("runtime.context", "runtime.meeting"),
+    ("runtime.context", "runtime.meeting", "runtime.assembly"),
     ("runtime.submit",),
     # the public API
     ("basics", "process_sets", "operations", "autograd_functions", "collectives", "grouped", "functions",

@@ -4,49 +4,41 @@ from __future__ import annotations
 
 import atexit
 import functools
-import json
 import logging
 import math
 import socket
 import sys
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch.distributed as dist
 
 from ..contract import (
-    DEADLOCK_KEY,
     elastic_first_step_key,
     elastic_generation_prefix,
     generation_prefix,
-    peer_failure_key,
 )
 from ..environments import (
     ClusterEnvironment,
     ElasticLauncherEnvironment,
     Rendezvous,
-    TorchringLauncherEnvironment,
     detect_environment,
 )
 from ..exceptions import NOT_INITIALIZED_MESSAGE
 from ..metrics.counters import METRICS
-from ..rank_failure import install_excepthook
 from ..settings import Settings
 from ..store_auth import AuthenticatedStore, job_credentials
 from . import wake_probe
-from .coordination.control import GlooControlChannel
-from .coordination.deadlock import Verdict
+from .assembly import RuntimeParts, data_groups_for, deadlock_reporter, peer_failure_reporter
 from .coordination.engine_settings import EngineSettings
 from .coordination.failure_alarm import FailureAlarm
 from .coordination.topology import Topology
 from .coordination.wakeup import DeferredWake, LocalWaker, StoreWaker, Waker
-from .dataplane.cuda_groups import cuda_group
 from .dataplane.data_groups import DataGroups
 from .dataplane.executor import Executor
 from .dataplane.lane_registry import GroupOpener, LaneRegistry
-from .dataplane.process_set_table import ProcessSetTable, release_groups_of_a_failed_start
+from .dataplane.process_set_table import ProcessSetTable
 from .engine import Engine
 from .group_reaper import settle
 from .meeting import meet
@@ -57,7 +49,6 @@ from .peer_names import name_addresses
 from .startup import (
     StepClock,
     freeze_long_lived_objects,
-    gloo_group,
     lazy_connection_available,
     one_start_up,
     store_client,
@@ -216,55 +207,6 @@ def _engine_settings(everyone: list[tuple], rank: int, settings: Settings) -> En
     )
 
 
-def _peer_failure_reporter(environment: ClusterEnvironment, store: AuthenticatedStore,
-                           rank: int) -> Callable[[str], None] | None:
-    """Under ``torchring run``, a way to tell the launcher (signed) that this rank fails because of another."""
-    if not isinstance(environment, TorchringLauncherEnvironment):
-        return None
-    install_excepthook()  # and of its own exception, where no stack hook did it (ranks in containers)
-    return lambda reason: store.set(peer_failure_key(rank), reason)
-
-
-def _deadlock_reporter(environment: ClusterEnvironment,
-                       store: AuthenticatedStore) -> Callable[[Verdict], None] | None:
-    """Under ``torchring run``, a way for rank 0 to hand a confirmed deadlock to the launcher (signed)."""
-    if not isinstance(environment, TorchringLauncherEnvironment):
-        return None
-    return lambda verdict: store.set(DEADLOCK_KEY, json.dumps({"blamed": list(verdict.blamed),
-                                                                "lines": list(verdict.lines)}))
-
-
-def _data_groups(store: dist.Store, base: str, set_rank: int, size: int, timeout: timedelta,
-                 lazy: bool) -> DataGroups:
-    """New Gloo (and NCCL) groups under store prefix ``base`` (no Gloo group in a set of one rank)."""
-    cpu = None
-    if size > 1:
-        cpu = gloo_group(dist.PrefixStore(f"{base}/gloo", store), set_rank, size, timeout, lazy)
-    return DataGroups(cpu=cpu, cuda=cuda_group(dist.PrefixStore(f"{base}/nccl", store), set_rank, size, cpu))
-
-
-def _job_groups(store: dist.Store, prefix: str, rank: int, size: int, timeout: timedelta, lazy: bool,
-                clock: StepClock) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
-    """The job's control group and CPU data group (none for a job of one rank)."""
-    if size == 1:
-        return None, None
-    control_group = gloo_group(dist.PrefixStore(f"{prefix}/control", store), rank, size, timeout, lazy)
-    clock.lap("control group")
-    data_group = gloo_group(dist.PrefixStore(f"{prefix}/data", store), rank, size, timeout, lazy)
-    clock.lap("data group")
-    return control_group, data_group
-
-
-def _group_factory(store: dist.Store, prefix: str, timeout: timedelta,
-                   lazy: bool) -> Callable[[int, tuple[int, ...], int], DataGroups]:
-    """Creates the Gloo (and NCCL) groups of a process set; called by its members only."""
-
-    def make(process_set: int, members: tuple[int, ...], set_rank: int) -> DataGroups:
-        return _data_groups(store, f"{prefix}/set{process_set}", set_rank, len(members), timeout, lazy)
-
-    return make
-
-
 def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets: bool = False,
          settings: Settings | None = None) -> list[int]:
     """Join the job: discover ranks, rendezvous, create the process groups and start the engine.
@@ -314,16 +256,24 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
             if not members or any(not 0 <= r < info.size for r in members):
                 raise ValueError(f"process set ranks {list(members)} must be ranks of this job (size {info.size})")
         lazy = settings.lazy_connect
-        groups: list[tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]] = []
+        parts = RuntimeParts(store, prefix, info.rank, info.size, timeout, lazy, clock)
         waker: Waker = LocalWaker()
         recorder: Recorder = NULL_RECORDER
+        wake: DeferredWake | None = None
+        report_peer_failure = peer_failure_reporter(environment, signed, info.rank)
 
-        def open_groups() -> None:
-            groups.append(_job_groups(store, prefix, info.rank, info.size, timeout, lazy, clock))
+        def make_engine(engine_settings: EngineSettings) -> Engine:
+            assert parts.control is not None and parts.table is not None and wake is not None
+            made = Engine(info.rank, info.size, parts.control, Executor(parts.table, info.rank), parts.table, wake,
+                          engine_settings, report_peer_failure, skip_auto_name, deadlock_reporter(environment, signed))
+            made.recorder = recorder
+            if info.size > 1:
+                made.name_peers = functools.partial(name_addresses, store=signed, prefix=prefix)
+            return made
 
-        # Groups that connect on first use need nobody else: they are created before this rank's arrival is
-        # posted. A full mesh would wait for every rank's group with the collective timeout, so it is
-        # created after the meeting, which names a rank that never came.
+        # Groups that connect on first use need nobody else: they, and the engine on them, are made before
+        # this rank's arrival is posted (``assembly``). A full mesh would wait for every rank's group with the
+        # collective timeout, so it is created after the meeting, which names a rank that never came.
         early = lazy and lazy_connection_available()
 
         def before_arrival() -> None:
@@ -331,46 +281,36 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
             posted: every rank but the last still waits for the others then, and what the last one does
             here it does before the others wake (done after the meeting, it competed with every rank's wake-up
             for the CPU: 32 ranks on 2 cores spent 50 ms creating the last rank's group)."""
-            nonlocal waker, recorder
-            if early:
-                open_groups()
+            nonlocal waker, recorder, wake
             if info.size > 1:
                 assert rendezvous.host is not None and rendezvous.port is not None
                 waker = StoreWaker(rendezvous.host, rendezvous.port, f"{prefix}/wake/", rendezvous_timeout)
             recorder = open_recorder(settings.flight_record, info.rank, info.size)
+            wake = DeferredWake(waker, alarm=FailureAlarm(signed, prefix))
             clock.lap("waker")
+            if early:
+                parts.open_groups()
+                parts.build(process_sets or [], wake)
+                parts.engine_for(_engine_settings([_shared_engine_values(settings)], info.rank, settings), make_engine)
 
-        data_groups: DataGroups | None = None
-        table: ProcessSetTable | None = None
         try:  # whatever fails until the engine runs leaves no thread, socket or group behind
             topology, shared_values = meet(signed, prefix, info, _shared_engine_values(settings), meeting_timeout,
                                            before_arrival=before_arrival)
-            engine_settings = _engine_settings(shared_values, info.rank, settings)
             clock.lap("rendezvous")
             if not early:
-                open_groups()
-            control_group, data_group = groups[0]
-            data_groups = DataGroups(cpu=data_group, cuda=cuda_group(dist.PrefixStore(f"{prefix}/nccl", store),
-                                                                     info.rank, info.size, data_group))
-            clock.lap("nccl group")
-            table = ProcessSetTable(info.rank, info.size, data_groups, _group_factory(store, prefix, timeout, lazy))
-            process_set_ids = [table.add(members) for members in process_sets or []]
-            clock.lap("process sets")
-            wake = DeferredWake(waker, alarm=FailureAlarm(signed, prefix))
-            control = GlooControlChannel(control_group, info.rank, info.size, wake.await_work)
-            report_peer_failure = _peer_failure_reporter(environment, signed, info.rank)
-            engine = Engine(info.rank, info.size, control, Executor(table, info.rank), table, wake, engine_settings,
-                            report_peer_failure, skip_auto_name, _deadlock_reporter(environment, signed))
-            engine.recorder = recorder
-            if info.size > 1:
-                engine.name_peers = functools.partial(name_addresses, store=signed, prefix=prefix)
+                assert wake is not None
+                parts.open_groups()
+                parts.build(process_sets or [], wake)
+            engine = parts.engine_for(_engine_settings(shared_values, info.rank, settings), make_engine)
             engine.timeline = _initial_timeline(info.rank, settings) or engine.timeline
         except BaseException:
             waker.close()
             recorder.close()
-            release_groups_of_a_failed_start(groups, data_groups, table)
+            parts.release()
             raise
         engine.start()
+        control_group, table, process_set_ids = parts.control_group, parts.table, parts.process_set_ids
+        assert table is not None
         lanes = LaneRegistry(generation_prefix(_generation), _lane_group_opener(store, table, timeout, lazy),
                              lambda: engine.timeline, recorder, report_peer_failure, engine.deadlocks)
         lanes.name_peers = engine.name_peers
@@ -406,7 +346,7 @@ def _lane_group_opener(store: dist.Store, table: ProcessSetTable, timeout: timed
         members = table.members(process_set)
         if members is None:
             raise ValueError(f"process set {process_set} is not registered")
-        return _data_groups(store, prefix, table.set_rank(process_set), len(members), timeout, lazy)
+        return data_groups_for(store, prefix, table.set_rank(process_set), len(members), timeout, lazy)
 
     return open_groups
 

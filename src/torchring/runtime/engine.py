@@ -54,19 +54,11 @@ ABORT_FLUSH_S = 2.0
 class Engine(CycleStart):
     """Runs collectives for one rank in a background thread (its waiting between cycles: ``CycleStart``)."""
 
-    def __init__(
-        self,
-        rank: int,
-        size: int,
-        control: ControlChannel,
-        executor: Executor,
-        process_sets: ProcessSetTable,
-        wake: DeferredWake,
-        settings: EngineSettings,
-        report_peer_failure: Callable[[str], None] | None = None,
-        skip_name: Callable[[str, int], None] | None = None,
-        report_deadlock: Callable[[Verdict], None] | None = None,
-    ) -> None:
+    def __init__(self, rank: int, size: int, control: ControlChannel, executor: Executor,
+                 process_sets: ProcessSetTable, wake: DeferredWake, settings: EngineSettings,
+                 report_peer_failure: Callable[[str], None] | None = None,
+                 skip_name: Callable[[str, int], None] | None = None,
+                 report_deadlock: Callable[[Verdict], None] | None = None) -> None:
         self.rank = rank
         self.size = size
         self._control = control
@@ -134,6 +126,10 @@ class Engine(CycleStart):
 
     def start(self) -> None:
         self._thread.start()
+
+    def discard(self) -> None:
+        """End the completion thread of an engine that was never started (``init()`` built another)."""
+        self._completer.close()
 
     @property
     def settings(self) -> EngineSettings:

@@ -33,7 +33,7 @@ from .dataplane.process_set_table import ProcessSetTable, release_groups_of_a_fa
 from .engine import Engine
 from .startup import StepClock, gloo_group
 
-__all__ = ["RuntimeParts", "data_groups_for", "deadlock_reporter", "peer_failure_reporter"]
+__all__ = ["RuntimeParts", "data_groups_for", "deadlock_reporter", "peer_failure_reporter", "process_set_groups"]
 
 #: A job's control group and CPU data group (None, None in a job of one rank).
 JobGroups = tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]
@@ -98,6 +98,7 @@ class RuntimeParts:
 
     @property
     def control_group(self) -> dist.ProcessGroup | None:
+        """The job's control group (None before the groups are opened, and in a job of one rank)."""
         return self.groups[0][0] if self.groups else None
 
     def open_groups(self) -> None:

@@ -36,7 +36,9 @@ def test_a_peer_lost_before_the_lanes_pair_to_it_connected_fails_the_wait_in_sec
     """Gloo connects a pair on its first collective, and a pair whose peer is gone keeps trying for five
     times the timeout (50 s here). The survivor's lane wait has its idle engine cycle each second instead
     (with the stall check off too): the engine's connection to the dead worker is closed, so the cycle
-    fails, the lane wait raises that failure, and the elastic job re-forms well within one Gloo timeout."""
+    fails, the lane wait raises that failure, and the elastic job re-forms in seconds: the first step after
+    the loss came 2-4 s after it on a quiet machine, 11 s in a full test run (most of it the replacement
+    worker's start-up), where the pair's own retries would take 50 s."""
     env = {"HOROVOD_GLOO_TIMEOUT_SECONDS": "10", "HOROVOD_STALL_CHECK_DISABLE": "1" if stall_check == "off" else "0"}
     result = run_job("run", "--min-np", "2", "--max-np", "2", "-H", "localhost:2", "--elastic-timeout", "30",
                      *python_script("lane_peer_lost.py"), env=env, timeout=120)
@@ -44,7 +46,7 @@ def test_a_peer_lost_before_the_lanes_pair_to_it_connected_fails_the_wait_in_sec
     assert "exiting instead of launching the first bucket's allreduce" in result.stderr
     recovered = re.search(r"generation 1 trained its first step ([\d.]+) s after the worker lost was seen",
                           result.stderr)
-    assert recovered and float(recovered.group(1)) < 10, result.stderr[-3000:]
+    assert recovered and float(recovered.group(1)) < 25, result.stderr[-3000:]
     assert "Connect timeout" not in result.stderr, result.stderr[-3000:]
     finals = re.findall(r"final rank \d size 2 step 10", result.stdout)
     assert len(finals) == 2, result.stdout

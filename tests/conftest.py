@@ -6,6 +6,13 @@ sandboxes without DNS), an unanswered lookup waits glibc's default 5 s and every
 about one connection in 25 did, which cost the parallel suite's re-inits and the elastic tests minutes.
 One attempt of 1 s keeps that small; where DNS answers nothing changes, and a RES_OPTIONS of the
 caller's own is kept. Set here, it reaches the launchers and ranks that the tests start.
+
+BLAS threads: numpy's OpenBLAS (loaded with torch) starts a pool of one thread per CPU whose threads spin
+as it loads, about 0.25 s of CPU per process that imports torch (1.6 against 1.35 s for a launcher here).
+A full run starts about 700 such processes (launchers, helpers, ranks) on 2 cores, where the suite's
+time is its CPU; no test needs more than one BLAS thread. Ranks that ``torchring run`` starts with more than one rank
+per host get ``OMP_NUM_THREADS=1``, which OpenBLAS reads too; this covers the rest, and a caller's own
+value is kept.
 """
 
 import os
@@ -13,6 +20,7 @@ import os
 import pytest
 
 os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 @pytest.fixture

@@ -8,11 +8,11 @@ One attempt of 1 s keeps that small; where DNS answers nothing changes, and a RE
 caller's own is kept. Set here, it reaches the launchers and ranks that the tests start.
 
 BLAS threads: numpy's OpenBLAS (loaded with torch) starts a pool of one thread per CPU whose threads spin
-as it loads, about 0.25 s of CPU per process that imports torch (1.6 against 1.35 s for a launcher here).
-A full run starts about 700 such processes (launchers, helpers, ranks) on 2 cores, where the suite's
-time is its CPU; no test needs more than one BLAS thread. Ranks that ``torchring run`` starts with more than one rank
-per host get ``OMP_NUM_THREADS=1``, which OpenBLAS reads too; this covers the rest, and a caller's own
-value is kept.
+as it loads, about 0.25 s of CPU per process that imports torch (1.60 against 1.37 s for a launcher
+here). A full run starts about 700 such processes (launchers, helpers, ranks) on 2 cores, where the
+suite's time is its CPU; no test needs more than one BLAS thread. Ranks that ``torchring run`` starts
+with more than one rank per host get ``OMP_NUM_THREADS=1``, which OpenBLAS reads too; this covers the
+rest, and a caller's own value is kept.
 """
 
 import os

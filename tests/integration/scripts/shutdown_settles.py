@@ -17,7 +17,7 @@ for _ in range(2):
     hvd.allreduce(torch.ones(1), name="settles.sum")
     if hvd.rank() < 2:
         hvd.allreduce(torch.ones(1), name="settles.pair_sum", process_set=pair)
-    hvd.barrier()  # one rank's shutdown ends the job's pending operations: rank 2 waits for the pair's
+    hvd.barrier()  # one rank's shutdown ends the job's pending operations: rank 2 waits for the pair's sum
     started = time.monotonic()
     hvd.shutdown()
     report.append({"settled": group_reaper.settle(2.0), "shutdown_s": round(time.monotonic() - started, 2)})

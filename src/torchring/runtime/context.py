@@ -275,6 +275,7 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
         # this rank's arrival is posted (``assembly``). A full mesh would wait for every rank's group with the
         # collective timeout, so it is created after the meeting, which names a rank that never came.
         early = lazy and lazy_connection_available()
+        own_values = _shared_engine_values(settings)  # posted at the meeting; the early engine is built with them
 
         def before_arrival() -> None:
             """Start-up work that needs no answer from the other ranks, done before this rank's arrival is
@@ -291,10 +292,10 @@ def init(process_sets: list[tuple[int, ...]] | None = None, dynamic_process_sets
             if early:
                 parts.open_groups()
                 parts.build(process_sets or [], wake)
-                parts.engine_for(_engine_settings([_shared_engine_values(settings)], info.rank, settings), make_engine)
+                parts.engine_for(_engine_settings([own_values], info.rank, settings), make_engine)
 
         try:  # whatever fails until the engine runs leaves no thread, socket or group behind
-            topology, shared_values = meet(signed, prefix, info, _shared_engine_values(settings), meeting_timeout,
+            topology, shared_values = meet(signed, prefix, info, own_values, meeting_timeout,
                                            before_arrival=before_arrival)
             clock.lap("rendezvous")
             if not early:
